@@ -1,0 +1,43 @@
+"""zoo: Transformer components chosen by name, composed into encoder, decoder and encoder-decoder models.
+
+    import zoo
+    model = zoo.create_model("gpt2", n_layers=4, position="alibi")
+    logits = model(input_ids)  # (B, T, V)
+"""
+
+from zoo import attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
+from zoo.config import ModelConfig
+from zoo.hf import from_hf, from_hf_config
+from zoo.inspect import capture_attention
+from zoo.kv_cache import Cache, KVCache
+from zoo.models import DecoderModel, EncoderDecoderModel, EncoderModel, ZooModel, build_model, count_parameters
+from zoo.presets import create_model, get_config, list_models, register_model
+from zoo.registry import ConfigError, Registry, list_components, register
+from zoo.stats import ModelStats, stats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cache",
+    "ConfigError",
+    "DecoderModel",
+    "EncoderDecoderModel",
+    "EncoderModel",
+    "KVCache",
+    "ModelConfig",
+    "ModelStats",
+    "Registry",
+    "ZooModel",
+    "build_model",
+    "capture_attention",
+    "count_parameters",
+    "create_model",
+    "from_hf",
+    "from_hf_config",
+    "get_config",
+    "list_components",
+    "list_models",
+    "register",
+    "register_model",
+    "stats",
+]

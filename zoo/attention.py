@@ -1,0 +1,124 @@
+"""Multi-head attention (``attention`` names the kernel path).
+
+Notation: B batch, Tq/Tk query/key lengths, H query heads, KV key/value heads, hd head width,
+D model width. H == KV is multi-head attention, 1 < KV < H grouped-query (Ainslie et al. 2023),
+KV == 1 multi-query (Shazeer 2019); each key/value head serves H/KV query heads.
+
+Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswani et al. 2017).
+
+- ``sdpa``: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU). Position
+  biases (ALiBi, T5) and masks go in as its ``attn_mask``, so every position type runs on it.
+- ``math``: the explicit reference. Its probabilities pass through ``Attention.probe`` (an
+  identity module), where forward hooks can read them; see ``zoo.capture_attention``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.config import ModelConfig
+from zoo.kv_cache import KVCache
+from zoo.position import apply_rotary
+from zoo.registry import ATTENTION
+
+
+@dataclass
+class AttentionInputs:
+    """What a stack computes once per forward and hands to each of its attention layers."""
+
+    mask: Tensor | None = None  # bool (True = attend) or float (added to scores), broadcast to (B, H, Tq, Tk)
+    is_causal: bool = False  # plain causal mask over Tq == Tk positions, left to the kernel
+    rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) for q and k
+
+
+Kernel = Callable[..., Tensor]
+
+
+@ATTENTION.register("sdpa")
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
+                   dropout_p: float, probe: nn.Module) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
+@ATTENTION.register("math")
+def math_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
+                   dropout_p: float, probe: nn.Module) -> Tensor:
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # (B, H, Tk, hd)
+    v = v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, Tq, Tk)
+    if is_causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = probe(scores.softmax(dim=-1))  # (B, H, Tq, Tk)
+    probs = F.dropout(probs, p=dropout_p)
+    return probs.type_as(v) @ v  # (B, H, Tq, hd)
+
+
+class Attention(nn.Module):
+    """Self-attention (one fused QKV projection) or cross-attention (q from x, fused KV from memory)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool,
+                 out_bias: bool, dropout: float = 0.0, scale: float | None = None, kernel: str = "sdpa",
+                 cross: bool = False) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.dropout = dropout
+        self.kernel = kernel
+        self.cross = cross
+        q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+        if cross:
+            self.q = nn.Linear(d_model, q_dim, bias=qkv_bias)
+            self.kv = nn.Linear(d_model, 2 * kv_dim, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=qkv_bias)
+        self.out = nn.Linear(q_dim, d_model, bias=out_bias)
+        self.probe = nn.Identity()
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, cross: bool = False) -> Attention:
+        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head,
+                   qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, out_bias=cfg.bias,
+                   dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
+                   scale=cfg.attn_scale, kernel=cfg.attention, cross=cross)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hd)
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None,
+                memory: Tensor | None = None) -> Tensor:
+        """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention. Returns (B, Tq, D)."""
+        B, T, _ = x.shape
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        if self.cross:
+            q = self._heads(self.q(x), self.n_heads)
+            if cache is not None and cache.length:  # encoder keys/values were computed at the first step
+                k, v = cache.get()
+            else:
+                assert memory is not None, "cross-attention needs the encoder output (memory)"
+                k, v = (self._heads(t, self.n_kv_heads) for t in self.kv(memory).split(kv_dim, dim=-1))
+                if cache is not None:
+                    cache.set(k, v)
+        else:
+            q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
+            q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+            if inputs.rotary is not None:
+                q, k = apply_rotary(q, *inputs.rotary), apply_rotary(k, *inputs.rotary)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, KV, cache length, hd)
+        mask = inputs.mask
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        y = ATTENTION.get(self.kernel, field="attention")(
+            q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0, probe=self.probe)  # (B, H, Tq, hd)
+        return self.out(y.transpose(1, 2).reshape(B, T, q_dim))

@@ -1,0 +1,133 @@
+"""The transformer block and the stack of blocks shared by all three forms.
+
+A block receives its sub-modules; the stack wires them from a config. The encoder, the decoder
+and the encoder-decoder's two halves are all a :class:`Stack`; they differ only in their mask and
+in whether blocks carry cross-attention.
+
+Notation: B batch, T new positions, P positions already in the cache, S source (memory) length,
+D model width, H heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from zoo.attention import Attention, AttentionInputs
+from zoo.config import ModelConfig
+from zoo.kv_cache import Cache
+from zoo.norm import build_norm
+from zoo.position import Position
+from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, then the FFN; each inside its residual placement."""
+
+    def __init__(self, *, attn: Attention, ffn: nn.Module, attn_res: nn.Module, ffn_res: nn.Module,
+                 cross_attn: Attention | None = None, cross_res: nn.Module | None = None,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        self.attn, self.attn_res = attn, attn_res
+        self.cross_attn, self.cross_res = cross_attn, cross_res
+        self.ffn, self.ffn_res = ffn, ffn_res
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: Cache | None = None, layer: int = 0,
+                memory: Tensor | None = None, memory_inputs: AttentionInputs | None = None) -> Tensor:
+        self_cache = None if cache is None else cache.self_attn[layer]
+        x = self.attn_res(x, lambda h: self.drop(self.attn(h, inputs, cache=self_cache)))
+        if self.cross_attn is not None:
+            cross_cache = None if cache is None else cache.cross_attn[layer]
+            x = self.cross_res(x, lambda h: self.drop(
+                self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory)))
+        return self.ffn_res(x, lambda h: self.drop(self.ffn(h)))
+
+
+def build_block(cfg: ModelConfig, *, cross: bool) -> Block:
+    placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
+    return Block(
+        attn=Attention.from_config(cfg),
+        attn_res=placement.from_config(cfg),
+        cross_attn=Attention.from_config(cfg, cross=True) if cross else None,
+        cross_res=placement.from_config(cfg) if cross else None,
+        ffn=FFN.get(cfg.ffn, field="ffn").from_config(cfg),
+        ffn_res=placement.from_config(cfg),
+        dropout=cfg.dropout,
+    )
+
+
+class Stack(nn.Module):
+    """Position encoding + blocks (+ the norms the placement asks for), over embedded inputs."""
+
+    def __init__(self, cfg: ModelConfig, *, n_layers: int, mask: str, cross: bool = False) -> None:
+        super().__init__()
+        self.mask = MASK.get(mask, field="mask")()
+        self.position: Position = POSITION.get(cfg.position, field="position").from_config(
+            cfg, causal=self.mask.causal)
+        placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
+        self.embed_norm = build_norm(cfg) if placement.embedding_norm else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(build_block(cfg, cross=cross) for _ in range(n_layers))
+        self.final_norm = build_norm(cfg) if placement.final_norm else None
+
+    def forward(self, x: Tensor, *, padding_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                prefix_len: int | Tensor | None = None, cache: Cache | None = None,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
+        """x: (B, T, D) embedded tokens. padding_mask: (B, P+T), 1 = token, 0 = padding.
+        position_ids: (T,) or (B, T); default P..P+T-1. memory: (B, S, D), memory_mask: (B, S)."""
+        B, T, _ = x.shape
+        past = 0 if cache is None else cache.length
+        if self.position.max_len is not None and past + T > self.position.max_len:
+            raise ValueError(f"sequence of {past + T} positions exceeds max_seq_len={self.position.max_len} "
+                             "of the learned position table")
+        pos = torch.arange(past, past + T, device=x.device)  # (T,) absolute query positions
+        if position_ids is None:
+            position_ids = pos
+        pe = self.position.embed(position_ids)
+        if pe is not None:
+            x = x + pe.to(x.dtype)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        x = self.drop(x)
+
+        inputs = self._self_attention_inputs(past, T, x.device, padding_mask, prefix_len)
+        inputs.rotary = self.position.rotary(position_ids)
+        memory_inputs = None
+        if self.blocks and self.blocks[0].cross_attn is not None:
+            keep = _padding(memory_mask)
+            memory_inputs = AttentionInputs(mask=None if keep is None else keep[:, None, None, :])
+        for i, block in enumerate(self.blocks):
+            x = block(x, inputs, cache=cache, layer=i, memory=memory, memory_inputs=memory_inputs)
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def _self_attention_inputs(self, past: int, T: int, device: torch.device, padding_mask: Tensor | None,
+                               prefix_len: int | Tensor | None) -> AttentionInputs:
+        q_pos = torch.arange(past, past + T, device=device)  # (T,)
+        k_pos = torch.arange(past + T, device=device)  # (P+T,)
+        bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
+        keep = _padding(padding_mask)  # (B, P+T) or None
+        if bias is None and keep is None and self.mask.kernel_causal:  # no mask tensor needed
+            if T == 1:
+                return AttentionInputs()  # one new query may see every key so far
+            if past == 0:
+                return AttentionInputs(is_causal=True)
+        allowed = self.mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
+        if allowed is None:
+            if bias is None and keep is None:
+                return AttentionInputs()
+            allowed = torch.ones(T, past + T, dtype=torch.bool, device=device)
+        if keep is not None:
+            # a padded query keeps its own key, so no row is empty (its output is never used)
+            allowed = (allowed & keep[:, None, None, :]) | (k_pos[None, :] == q_pos[:, None])
+        if bias is None:
+            return AttentionInputs(mask=allowed)
+        return AttentionInputs(mask=bias.masked_fill(~allowed, float("-inf")))
+
+
+def _padding(mask: Tensor | None) -> Tensor | None:
+    """A (B, L) keep-mask as bool, or None when nothing is padded."""
+    if mask is None:
+        return None
+    mask = mask.bool()
+    return None if bool(mask.all()) else mask

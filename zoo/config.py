@@ -1,0 +1,204 @@
+"""The model configuration: one typed dataclass, validated when a model is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from zoo.registry import ARCH, ATTENTION, FFN, MASK, NORM, NORM_PLACEMENT, POSITION, ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Everything needed to build a zoo model. Component choices are registry names.
+
+    Sizes left as ``None`` are derived (see the properties below); the config itself is never
+    mutated, so it round-trips through ``asdict``/``from_dict`` unchanged.
+    """
+
+    # form and sizes
+    arch: str = "decoder"
+    vocab_size: int = 32000
+    d_model: int = 512
+    n_layers: int = 6
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None: = n_heads (MHA); 1: MQA; otherwise GQA
+    head_dim: int | None = None  # None: d_model // n_heads
+    d_ff: int | None = None  # None: 4*d_model, or 2/3*4*d_model rounded up to ffn_multiple_of for GLUs
+    ffn_multiple_of: int = 256
+    n_encoder_layers: int | None = None  # encoder_decoder only; None: n_layers
+    n_decoder_layers: int | None = None
+    max_seq_len: int | None = None  # needed by learned positions; otherwise informative
+    # components (registry names)
+    position: str = "rope"
+    norm: str = "rmsnorm"
+    norm_placement: str = "pre"
+    ffn: str = "swiglu"
+    attention: str = "sdpa"
+    mask: str | None = None  # self-attention mask of the main stack; None: the form's natural mask
+    # details
+    dropout: float = 0.0
+    attn_dropout: float | None = None  # None: = dropout
+    bias: bool = False
+    qkv_bias: bool | None = None  # None: = bias (Qwen2 has q/k/v biases only)
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-5
+    gelu_approximate: str = "none"  # "none" (erf, BERT) or "tanh" (GPT-2, T5 v1.1)
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
+    logit_scale: float = 1.0  # multiplies the final hidden state before the LM head (T5 v1.0: d_model**-0.5)
+    rope_base: float = 10000.0
+    rope_scaling: str = "none"  # "none", "linear" (position interpolation) or "ntk" (NTK-aware base)
+    rope_scaling_factor: float = 1.0
+    rel_buckets: int = 32  # t5_relative
+    rel_max_distance: int = 128
+    type_vocab_size: int = 0  # encoder: segment (token type) embeddings when > 0
+    pooler: bool = False  # encoder: dense+tanh over the first token
+    mlm_head: bool = False  # encoder: BERT masked-LM head (transform + tied decoder)
+    init_std: float = 0.02
+    # special tokens used by generation
+    pad_token_id: int = 0
+    eos_token_id: int | None = None
+    decoder_start_token_id: int = 0
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def ffn_hidden(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if getattr(FFN.get(self.ffn, field="ffn"), "gated", False):
+            hidden = int(2 * 4 * self.d_model / 3)
+            return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)
+        return 4 * self.d_model
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.n_layers if self.n_encoder_layers is None else self.n_encoder_layers
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
+
+    @property
+    def self_mask(self) -> str:
+        """The self-attention mask of the main stack (the encoder's in encoder_decoder)."""
+        if self.mask is not None:
+            return self.mask
+        return "causal" if self.arch == "decoder" else "bidirectional"
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """Build from plain data (a checkpoint, a YAML file); unknown keys are a ConfigError."""
+        _check_fields(values)
+        return cls(**values)
+
+    def replace(self, **overrides: Any) -> ModelConfig:
+        _check_fields(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ---- validation ----------------------------------------------------------------------------
+    def validate(self) -> ModelConfig:
+        """Raise ConfigError naming the field and the fix for any setting that cannot work."""
+        ARCH.get(self.arch, field="arch")
+        POSITION.get(self.position, field="position")
+        NORM.get(self.norm, field="norm")
+        NORM_PLACEMENT.get(self.norm_placement, field="norm_placement")
+        FFN.get(self.ffn, field="ffn")
+        ATTENTION.get(self.attention, field="attention")
+        MASK.get(self.self_mask, field="mask")
+
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_multiple_of", "rel_buckets",
+                     "rel_max_distance", "n_kv_heads", "head_dim", "d_ff", "n_encoder_layers",
+                     "n_decoder_layers", "max_seq_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size={self.type_vocab_size} must be >= 0 (0 disables segments)")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} does not divide d_model={self.d_model}; choose n_heads among "
+                f"{_divisors(self.d_model)} or set head_dim explicitly"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(
+                f"n_kv_heads={self.kv_heads} does not divide n_heads={self.n_heads}; choose among "
+                f"{_divisors(self.n_heads)}"
+            )
+        if self.position == "rope" and self.dim_head % 2:
+            raise ConfigError(f"position='rope' rotates pairs of dimensions: head_dim={self.dim_head} must be even")
+        if self.position == "learned" and self.max_seq_len is None:
+            raise ConfigError("position='learned' needs max_seq_len (the size of the position table)")
+        if self.position == "t5_relative" and (self.rel_buckets % 2 or self.rel_buckets < 4):
+            raise ConfigError(f"rel_buckets={self.rel_buckets} must be even and >= 4")
+        if self.position == "t5_relative" and self.rel_max_distance <= self.rel_buckets // 2:
+            raise ConfigError(
+                f"rel_max_distance={self.rel_max_distance} must exceed rel_buckets/2={self.rel_buckets // 2}"
+            )
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name}={value} must lie in [0, 1)")
+        for name in ("norm_eps", "logit_scale", "rope_base", "init_std", "attn_scale"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name}={value} must be > 0")
+        if self.gelu_approximate not in ("none", "tanh"):
+            raise ConfigError(f"gelu_approximate={self.gelu_approximate!r} must be 'none' or 'tanh'")
+        if self.rope_scaling not in ("none", "linear", "ntk"):
+            raise ConfigError(f"rope_scaling={self.rope_scaling!r} must be 'none', 'linear' or 'ntk'")
+        if self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
+            raise ConfigError(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (the context extension)")
+
+        if self.arch == "decoder" and self.self_mask == "bidirectional":
+            raise ConfigError(
+                "mask='bidirectional' lets a decoder see the tokens it must predict; use mask='causal' or "
+                "'prefix', or arch='encoder' for a bidirectional model"
+            )
+        if self.arch == "encoder_decoder" and self.self_mask == "causal":
+            raise ConfigError(
+                "an encoder_decoder's encoder cannot be causal (mask sets the encoder's mask; the decoder "
+                "is always causal): use mask='bidirectional' or 'prefix', or arch='decoder'"
+            )
+        if self.arch != "encoder":
+            for name in ("pooler", "mlm_head"):
+                if getattr(self, name):
+                    raise ConfigError(f"{name}=True is an encoder head; set arch='encoder' or {name}=False")
+            if self.type_vocab_size:
+                raise ConfigError("type_vocab_size (segment embeddings) is for arch='encoder'; set it to 0")
+        elif self.n_encoder_layers is not None or self.n_decoder_layers is not None:
+            raise ConfigError("n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'; use n_layers")
+        if self.arch == "decoder" and (self.n_encoder_layers is not None or self.n_decoder_layers is not None):
+            raise ConfigError("n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'; use n_layers")
+        for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ConfigError(f"{name}={value} must be a token id in [0, vocab_size={self.vocab_size})")
+        return self
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0][:12]
+
+
+def _check_fields(values: dict[str, Any]) -> None:
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key!r} is not a ModelConfig field.{hint}")

@@ -1,0 +1,257 @@
+"""Autoregressive generation: greedy, sampling (temperature, top-k, top-p) and beam search, with or
+without the KV cache (both give the same tokens; the cache makes each step O(t) instead of O(t^2)).
+
+Prompts of different lengths are left-padded (decoder) or right-padded (encoder source); position
+ids are counted over real tokens only, so a padded prompt decodes exactly as it would alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from zoo.kv_cache import Cache
+
+Prompts = Tensor | Sequence[Sequence[int]] | Sequence[Tensor]
+
+
+def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.device | None = None
+                  ) -> tuple[Tensor, Tensor]:
+    """Lists of token ids -> (ids, mask), both (B, T_max); mask is 1 on tokens, 0 on padding."""
+    if isinstance(seqs, Tensor):
+        return seqs, torch.ones_like(seqs)
+    rows = [torch.as_tensor(s, dtype=torch.long) for s in seqs]
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        span = slice(T - len(r), T) if left else slice(0, len(r))
+        ids[i, span], mask[i, span] = r, 1
+    return ids.to(device), mask.to(device)
+
+
+class _DecoderSteps:
+    """Next-token logits for a decoder-only model, one step at a time."""
+
+    def __init__(self, model, ids: Tensor, mask: Tensor, use_cache: bool, max_new: int) -> None:
+        self.model, self.use_cache = model, use_cache
+        self.ids, self.mask = ids, mask
+        self.prefix_len = ids.shape[1] if model.config.self_mask == "prefix" else None
+        self.cache: Cache | None = model.new_cache(ids.shape[1] + max_new) if use_cache else None
+
+    def positions(self) -> Tensor:
+        return (self.mask.cumsum(-1) - 1).clamp(min=0)  # (B, T) counted over real tokens
+
+    def first(self) -> Tensor:
+        return self.model(self.ids, self.mask, position_ids=self.positions(), prefix_len=self.prefix_len,
+                          cache=self.cache)[:, -1]
+
+    def next(self, token: Tensor) -> Tensor:
+        self.ids = torch.cat([self.ids, token[:, None]], dim=1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), 1)], dim=1)
+        if not self.use_cache:
+            return self.first()
+        pos = self.positions()[:, -1:]
+        return self.model(token[:, None], self.mask, position_ids=pos, prefix_len=self.prefix_len,
+                          cache=self.cache)[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.ids, self.mask = self.ids[index], self.mask[index]
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+    def output(self) -> Tensor:
+        return self.ids
+
+
+class _EncoderDecoderSteps:
+    """Next-token logits for an encoder-decoder: encode once, then decode step by step."""
+
+    def __init__(self, model, src: Tensor, src_mask: Tensor, use_cache: bool, max_new: int) -> None:
+        self.model, self.use_cache = model, use_cache
+        self.src_mask = src_mask
+        self.memory = model.encode(src, src_mask)  # (B, S, D)
+        start = model.config.decoder_start_token_id
+        self.ids = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
+        self.cache: Cache | None = model.new_cache(max_new + 1) if use_cache else None
+
+    def first(self) -> Tensor:
+        return self.model.decode(self.ids, self.memory, self.src_mask, cache=self.cache)[:, -1]
+
+    def next(self, token: Tensor) -> Tensor:
+        self.ids = torch.cat([self.ids, token[:, None]], dim=1)
+        if not self.use_cache:
+            return self.first()
+        return self.model.decode(token[:, None], self.memory, self.src_mask, cache=self.cache)[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.ids, self.memory, self.src_mask = self.ids[index], self.memory[index], self.src_mask[index]
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+    def output(self) -> Tensor:
+        return self.ids
+
+
+def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> Tensor:
+    """Temperature, then keep the k most likely tokens, then the smallest set whose probability
+    reaches top_p (Holtzman et al. 2020); everything else gets -inf. (B, V) -> (B, V)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (use do_sample=False for greedy)")
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # tokens after the nucleus is full
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+class GenerationMixin:
+    @torch.no_grad()
+    def generate(self, input_ids: Prompts, max_new_tokens: int = 20, *, attention_mask: Tensor | None = None,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, num_beams: int = 1, length_penalty: float = 1.0,
+                 eos_token_id: int | None = -1, pad_token_id: int | None = None, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Continue ``input_ids`` by up to ``max_new_tokens`` tokens.
+
+        Args:
+            input_ids: (B, T) tensor, or a list of token-id sequences of different lengths.
+            attention_mask: (B, T), 1 = token, 0 = padding (left padding for decoders).
+            eos_token_id: stop a sequence at this token; -1 (default) means ``config.eos_token_id``,
+                None never stops early. Finished sequences are padded with ``pad_token_id``.
+            num_beams: > 1 runs beam search (scores divided by length**length_penalty).
+
+        Returns:
+            decoder: (B, T + n) prompt and continuation; encoder_decoder: (B, 1 + n) starting with
+            ``decoder_start_token_id``.
+        """
+        cfg = self.config
+        if cfg.arch == "encoder":
+            raise TypeError("an encoder does not generate; use arch='decoder' or 'encoder_decoder'")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
+        pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
+        device = self.embed.weight.device
+        ids, mask = pad_sequences(input_ids, pad, left=cfg.arch == "decoder", device=device)
+        if attention_mask is not None:
+            mask = attention_mask.to(device)
+        was_training = self.training
+        self.eval()
+        try:
+            steps_cls = _DecoderSteps if cfg.arch == "decoder" else _EncoderDecoderSteps
+            if num_beams > 1:
+                index = torch.arange(ids.shape[0], device=device).repeat_interleave(num_beams)
+                steps = steps_cls(self, ids[index], mask[index], use_cache, max_new_tokens)
+                return _beam_search(steps, ids.shape[0], num_beams, max_new_tokens, eos, pad, length_penalty)
+            steps = steps_cls(self, ids, mask, use_cache, max_new_tokens)
+            return _sample(steps, max_new_tokens, eos, pad, do_sample=do_sample, temperature=temperature,
+                           top_k=top_k, top_p=top_p, generator=generator)
+        finally:
+            self.train(was_training)
+
+
+def _sample(steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, temperature: float,
+            top_k: int | None, top_p: float | None, generator: torch.Generator | None) -> Tensor:
+    if max_new == 0:
+        return steps.output()
+    logits = steps.first()  # (B, V)
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    for step in range(max_new):
+        if do_sample:
+            probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
+            token = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        else:
+            token = logits.argmax(dim=-1)
+        token = token.masked_fill(done, pad)
+        if eos is not None:
+            done |= token == eos
+        if step == max_new - 1 or bool(done.all()):
+            steps.ids = torch.cat([steps.ids, token[:, None]], dim=1)
+            break
+        logits = steps.next(token)
+    return steps.output()
+
+
+def _beam_search(steps, batch: int, K: int, max_new: int, eos: int | None, pad: int,
+                 length_penalty: float) -> Tensor:
+    """Keep the K best prefixes per source by total log-probability; a prefix ending in eos becomes
+    a finished hypothesis scored by logprob / length**length_penalty. A source is done when it has K
+    hypotheses and no live beam can beat the worst of them at its current length."""
+    if max_new == 0:
+        return steps.output()[::K]
+    device = steps.ids.device
+    logits = steps.first()  # (B*K, V)
+    V = logits.shape[-1]
+    scores = torch.full((batch, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    prompt_len = steps.ids.shape[1]
+    for step in range(max_new):
+        logp = F.log_softmax(logits.float(), dim=-1).view(batch, K, V)
+        cand = (scores[:, :, None] + logp).view(batch, K * V)
+        top_scores, top_index = cand.topk(2 * K, dim=-1)  # (B, 2K)
+        beam_src = torch.zeros(batch, K, dtype=torch.long, device=device)
+        beam_tok = torch.full((batch, K), pad, dtype=torch.long, device=device)
+        new_scores = torch.full((batch, K), float("-inf"), device=device)
+        length = step + 1
+        for b in range(batch):
+            if done[b]:
+                continue
+            kept = 0
+            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist(), strict=True):
+                src, tok = divmod(index, V)
+                if eos is not None and tok == eos:
+                    prefix = steps.ids[b * K + src, prompt_len:]
+                    hyp = torch.cat([prefix, prefix.new_tensor([tok])])
+                    _add_hypothesis(finished[b], K, score / length**length_penalty, hyp)
+                    continue
+                beam_src[b, kept], beam_tok[b, kept], new_scores[b, kept] = src, tok, score
+                kept += 1
+                if kept == K:
+                    break
+            best_live = new_scores[b].max().item()
+            if len(finished[b]) == K and best_live / length**length_penalty <= finished[b][-1][0]:
+                done[b] = True
+        if all(done):
+            break
+        order = (torch.arange(batch, device=device)[:, None] * K + beam_src).view(-1)
+        steps.reorder(order)
+        scores = new_scores
+        if step == max_new - 1:
+            steps.ids = torch.cat([steps.ids, beam_tok.view(-1, 1)], dim=1)
+            break
+        logits = steps.next(beam_tok.view(-1))
+    for b in range(batch):  # sources that ran out of length: their live beams compete too
+        if not done[b]:
+            for k in range(K):
+                if scores[b, k] > float("-inf"):
+                    hyp = steps.ids[b * K + k, prompt_len:]
+                    _add_hypothesis(finished[b], K, scores[b, k].item() / len(hyp) ** length_penalty, hyp)
+    prompts = steps.output()[::K, :prompt_len]
+    best = [hyps[0][1] for hyps in finished]
+    width = max(len(h) for h in best)
+    out = torch.full((batch, prompt_len + width), pad, dtype=torch.long, device=device)
+    out[:, :prompt_len] = prompts
+    for b, hyp in enumerate(best):
+        out[b, prompt_len : prompt_len + len(hyp)] = hyp
+    return out
+
+
+def _add_hypothesis(hyps: list[tuple[float, Tensor]], K: int, score: float, tokens: Tensor) -> None:
+    """Insert into a best-first list holding at most K hypotheses."""
+    hyps.append((score, tokens))
+    hyps.sort(key=lambda h: h[0], reverse=True)
+    del hyps[K:]

@@ -1,0 +1,196 @@
+"""Position encodings (``position``).
+
+A position encoding acts at one of three places, so the base class has three hooks, each a no-op:
+
+- ``embed(position_ids)``: a vector added to the token embeddings (``sinusoidal``, ``learned``);
+- ``rotary(position_ids)``: (cos, sin) that rotate q and k in every layer (``rope``);
+- ``bias(q_pos, k_pos)``: an additive attention bias shared by all layers (``alibi``, ``t5_relative``).
+
+Shapes: B batch, T positions, H heads, Tq/Tk query/key lengths, D model width, hd head width.
+Positions are absolute indices; with a KV cache they start at the cache length, so decoding one
+token at a time sees the same encodings as a full forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from zoo.config import ModelConfig
+from zoo.registry import POSITION
+
+
+class Position(nn.Module):
+    max_len: int | None = None  # longest sequence the encoding can represent (None: unbounded)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Position:
+        return cls()
+
+    def embed(self, position_ids: Tensor) -> Tensor | None:
+        return None
+
+    def rotary(self, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
+        return None
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+
+@POSITION.register("none")
+class NoPosition(Position):
+    """No position information: an encoder without it is permutation-equivariant."""
+
+
+@POSITION.register("sinusoidal")
+class Sinusoidal(Position):
+    """Vaswani et al. 2017, sec. 3.5: PE(p, 2i) = sin(p / 10000^(2i/D)), PE(p, 2i+1) = cos(same)."""
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.base = base
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Sinusoidal:
+        return cls(cfg.d_model)
+
+    def embed(self, position_ids: Tensor) -> Tensor:
+        i = torch.arange(0, self.dim, 2, device=position_ids.device, dtype=torch.float32)
+        angles = position_ids.float()[..., None] * self.base ** (-i / self.dim)  # (..., T, ceil(D/2))
+        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., T, 2*ceil(D/2)) interleaved
+        return pe[..., : self.dim]
+
+
+@POSITION.register("learned")
+class Learned(Position):
+    """A trained table of absolute position vectors (GPT-2, BERT); cannot go past ``max_seq_len``."""
+
+    def __init__(self, max_len: int, dim: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.table = nn.Embedding(max_len, dim)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Learned:
+        assert cfg.max_seq_len is not None  # ModelConfig.validate guarantees it
+        return cls(cfg.max_seq_len, cfg.d_model)
+
+    def embed(self, position_ids: Tensor) -> Tensor:
+        return self.table(position_ids)
+
+
+@POSITION.register("rope")
+class RoPE(Position):
+    """Su et al. 2021 (RoFormer): rotate each pair of q/k dimensions by the angle p * theta_i,
+    theta_i = base^(-2i/hd), so that <R_m q, R_n k> depends on m - n only.
+
+    Pairs are (i, i + hd/2) ("rotate half", the layout of GPT-NeoX and HF Llama). Context extension:
+    ``linear`` divides positions by the factor (Chen et al. 2023, position interpolation); ``ntk``
+    raises the base to base * factor^(hd/(hd-2)) (bloc97's NTK-aware scaling), which stretches the
+    low frequencies and leaves the highest nearly intact.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.base = base * factor ** (head_dim / (head_dim - 2)) if scaling == "ntk" else base
+        self.position_scale = 1.0 / factor if scaling == "linear" else 1.0
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, causal: bool) -> RoPE:
+        return cls(cfg.dim_head, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor)
+
+    def inv_freq(self, device: torch.device | None = None) -> Tensor:
+        i = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
+        return self.base ** (-i / self.head_dim)  # (hd/2,)
+
+    def rotary(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        pos = position_ids.float() * self.position_scale
+        angles = pos[..., None] * self.inv_freq(position_ids.device)  # (..., T, hd/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (..., T, hd)
+        if angles.dim() == 3:  # per-sequence positions (left padding): (B, 1, T, hd)
+            angles = angles[:, None]
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` (B, H, T, hd) by the angles behind ``cos``/``sin`` (T, hd) or (B, 1, T, hd)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos + rotated * sin).type_as(x)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Press et al. 2022: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n a power of two;
+    otherwise the slopes of the closest smaller power of two followed by every other slope of
+    the next power of two (the paper's recipe)."""
+
+    def power_of_two(n: int) -> list[float]:
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(power_of_two(closest) + extra)
+
+
+@POSITION.register("alibi")
+class ALiBi(Position):
+    """Press et al. 2022, "Train Short, Test Long": score(q, k) -= slope_h * |q - k|. No parameters."""
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, causal: bool) -> ALiBi:
+        return cls(cfg.n_heads)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Tq, Tk)
+        slopes = alibi_slopes(self.n_heads).to(distance.device)
+        return -slopes[:, None, None] * distance  # (H, Tq, Tk)
+
+
+def t5_relative_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """Raffel et al. 2020: map key - query offsets to buckets; exact for small distances,
+    logarithmic up to ``max_distance``, one shared bucket beyond. Bidirectional buckets spend half
+    the buckets on keys after the query; causal ones only see keys at or before it."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    max_exact = num_buckets // 2
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    far = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, far)
+
+
+@POSITION.register("t5_relative")
+class T5Relative(Position):
+    """A learned scalar per (bucket of k - q, head), added to the scores of every layer of a stack."""
+
+    def __init__(self, n_heads: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.table = nn.Embedding(num_buckets, n_heads)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, causal: bool) -> T5Relative:
+        return cls(cfg.n_heads, bidirectional=not causal, num_buckets=cfg.rel_buckets,
+                   max_distance=cfg.rel_max_distance)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        relative = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk)
+        buckets = t5_relative_bucket(relative, bidirectional=self.bidirectional,
+                                     num_buckets=self.num_buckets, max_distance=self.max_distance)
+        return self.table(buckets).permute(2, 0, 1)  # (H, Tq, Tk)

@@ -1,0 +1,115 @@
+"""Name -> component registries.
+
+Every component family (norm, position, ffn, ...) has one :class:`Registry`, filled by its
+``register`` decorator. Configs hold names; models resolve them here at build time.
+
+Register a component of your own with the same decorator the built-ins use::
+
+    import zoo
+
+    @zoo.register("norm", "scalenorm")
+    class ScaleNorm(torch.nn.Module):
+        @classmethod
+        def from_config(cls, cfg: zoo.ModelConfig, dim: int) -> "ScaleNorm": ...
+
+Packages can also ship components as plug-ins: declare an entry point in the ``zoo.plugins`` group
+that points at a module; zoo imports it the first time a registry is read, and the module's
+``@zoo.register`` decorators do the rest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+PLUGIN_GROUP = "zoo.plugins"
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot work. The message names the field and the fix."""
+
+
+class Registry(Generic[T]):
+    """A named family of components. Unknown names fail with the valid names and the closest one."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.family} {name!r} is already registered ({self._items[name]!r})")
+            self._items[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str, *, field: str | None = None) -> T:
+        _load_plugins()
+        if name in self._items:
+            return self._items[name]
+        field = field or self.family
+        valid = ", ".join(sorted(self._items))
+        close = difflib.get_close_matches(str(name), self._items, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{field}={name!r} is not a registered {self.family}; valid names: {valid}.{hint}")
+
+    def names(self, pattern: str = "*") -> list[str]:
+        _load_plugins()
+        return sorted(n for n in self._items if fnmatch.fnmatch(n, pattern))
+
+    def __contains__(self, name: object) -> bool:
+        _load_plugins()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.family!r}, {self.names()})"
+
+
+NORM: Registry[Any] = Registry("norm")
+NORM_PLACEMENT: Registry[Any] = Registry("norm_placement")
+POSITION: Registry[Any] = Registry("position")
+FFN: Registry[Any] = Registry("ffn")
+ATTENTION: Registry[Any] = Registry("attention")
+MASK: Registry[Any] = Registry("mask")
+ARCH: Registry[Any] = Registry("arch")
+MODELS: Registry[Any] = Registry("model")
+
+REGISTRIES: dict[str, Registry[Any]] = {
+    r.family: r for r in (POSITION, NORM, NORM_PLACEMENT, FFN, ATTENTION, MASK, ARCH)
+}
+
+
+def register(family: str, name: str) -> Callable[[T], T]:
+    """Decorator that registers ``obj`` under ``name`` in the registry of ``family``."""
+    if family == "model":
+        return MODELS.register(name)
+    if family not in REGISTRIES:
+        raise ValueError(f"unknown component family {family!r}; valid: {', '.join(REGISTRIES)}, model")
+    return REGISTRIES[family].register(name)
+
+
+def list_components() -> dict[str, list[str]]:
+    """Every component family and its registered names."""
+    return {family: reg.names() for family, reg in REGISTRIES.items()}
+
+
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=PLUGIN_GROUP):
+        ep.load()

@@ -1,0 +1,75 @@
+"""Back-of-the-envelope numbers for a model: parameters, FLOPs per token and KV-cache size.
+
+Parameters are counted exactly on a meta-device copy, so a 70B preset costs no memory.
+FLOPs follow Chowdhery et al. 2022 (PaLM, appendix B): a forward pass costs 2 FLOPs per matmul
+weight per token plus 4 * layers * seq_len * (heads * head_dim) for the score and value products;
+training (forward + backward) is 3x the forward. KV-cache bytes are
+2 (K and V) x layers x kv_heads x head_dim x seq_len x bytes per value x batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.config import ModelConfig
+from zoo.models import ZooModel, build_model, count_parameters
+from zoo.position import T5Relative
+from zoo.presets import get_config
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    name: str
+    params: int
+    embedding_params: int  # token, position and segment tables
+    non_embedding_params: int
+    flops_per_token_forward: int
+    flops_per_token_train: int
+    kv_cache_bytes: int
+    seq_len: int
+    batch_size: int
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, batch_size: int = 1,
+          dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> ModelStats:
+    """Parameters, FLOPs per token and KV-cache bytes of a preset name, a config or a model.
+
+    ``zoo.stats("llama2-7b", seq_len=4096, dtype=torch.bfloat16).kv_cache_bytes == 2_147_483_648``.
+    """
+    if isinstance(model, ZooModel):
+        cfg, name = model.config, type(model).__name__
+    else:
+        cfg = get_config(model, **overrides) if isinstance(model, str) else model.replace(**overrides)
+        name = model if isinstance(model, str) else cfg.arch
+        with torch.device("meta"):
+            model = build_model(cfg)
+    seq_len = seq_len or cfg.max_seq_len or 2048
+    params = count_parameters(model)
+    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
+    embedding -= _relative_tables(model)
+    non_embedding = params - embedding
+    has_head = cfg.arch != "encoder" or cfg.mlm_head
+    head = cfg.vocab_size * cfg.d_model if has_head and cfg.tie_embeddings else 0  # tied: a matmul, no new weight
+    d_attn = cfg.n_heads * cfg.dim_head
+    attention_layers = {"encoder": cfg.n_layers, "decoder": cfg.n_layers,
+                        "encoder_decoder": cfg.encoder_layers + 2 * cfg.decoder_layers}[cfg.arch]
+    forward = 2 * (non_embedding + head) + 4 * attention_layers * seq_len * d_attn
+    cached_layers = {"encoder": 0, "decoder": cfg.n_layers, "encoder_decoder": 2 * cfg.decoder_layers}[cfg.arch]
+    bytes_per_value = torch.empty((), dtype=dtype).element_size()
+    kv = 2 * cached_layers * cfg.kv_heads * cfg.dim_head * seq_len * bytes_per_value * batch_size
+    return ModelStats(name=name, params=params, embedding_params=embedding, non_embedding_params=non_embedding,
+                      flops_per_token_forward=forward, flops_per_token_train=3 * forward, kv_cache_bytes=kv,
+                      seq_len=seq_len, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."))
+
+
+def _relative_tables(model: nn.Module) -> int:
+    """T5's relative-position tables are embeddings by type but attention parameters by role."""
+    return sum(m.table.weight.numel() for m in model.modules() if isinstance(m, T5Relative))
