@@ -10,7 +10,14 @@ from zoo.config import ModelConfig
 from zoo.hf import from_hf, from_hf_config
 from zoo.inspect import capture_attention
 from zoo.kv_cache import Cache, KVCache
-from zoo.models import DecoderModel, EncoderDecoderModel, EncoderModel, ZooModel, build_model, count_parameters
+from zoo.models import (
+    DecoderModel,
+    EncoderDecoderModel,
+    EncoderModel,
+    ZooModel,
+    build_model,
+    count_parameters,
+)
 from zoo.presets import create_model, get_config, list_models, register_model
 from zoo.registry import ConfigError, Registry, list_components, register
 from zoo.stats import ModelStats, stats

@@ -180,9 +180,7 @@ class ModelConfig:
                     raise ConfigError(f"{name}=True is an encoder head; set arch='encoder' or {name}=False")
             if self.type_vocab_size:
                 raise ConfigError("type_vocab_size (segment embeddings) is for arch='encoder'; set it to 0")
-        elif self.n_encoder_layers is not None or self.n_decoder_layers is not None:
-            raise ConfigError("n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'; use n_layers")
-        if self.arch == "decoder" and (self.n_encoder_layers is not None or self.n_decoder_layers is not None):
+        if self.arch != "encoder_decoder" and (self.n_encoder_layers is not None or self.n_decoder_layers is not None):
             raise ConfigError("n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'; use n_layers")
         for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):
             value = getattr(self, name)

@@ -1,0 +1,96 @@
+"""Registries, user components, presets and their published parameter counts."""
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from zoo.registry import NORM, Registry
+
+PUBLISHED = {
+    "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
+    "gpt3-175b": 174_604_259_328, "qwen2.5-72b": 72_706_203_648, "bert-base": 109_482_240,
+    "bert-large": 335_141_888, "t5-small": 60_506_624, "t5-base": 222_903_552, "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_preset_parameter_counts_equal_published_figures(name):
+    with torch.device("meta"):
+        model = zoo.create_model(name)
+    assert zoo.count_parameters(model) == PUBLISHED[name]
+
+
+def test_list_models_filters_with_fnmatch():
+    assert zoo.list_models("llama*") == ["llama-tiny", "llama2-13b", "llama2-70b", "llama2-7b"]
+    assert set(PUBLISHED) | {"gpt-tiny", "bert-tiny", "t5-tiny"} <= set(zoo.list_models())
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "bert-tiny", "t5-tiny", "llama-tiny"])
+def test_tiny_presets_train_a_step(name):
+    model = zoo.create_model(name, seed=0).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 1024, (2, 16))
+    out = model(x, x) if model.config.arch == "encoder_decoder" else model(x)
+    out.float().square().mean().backward()
+    opt.step()
+    assert zoo.count_parameters(model) < 3_000_000
+
+
+def test_create_model_applies_overrides():
+    model = zoo.create_model("gpt2", n_layers=4, position="alibi", vocab_size=101, d_model=64, n_heads=4,
+                             eos_token_id=100, pad_token_id=0)
+    assert len(model.decoder.blocks) == 4 and type(model.decoder.position).__name__ == "ALiBi"
+    with pytest.raises(zoo.ConfigError, match="'gpt5' is not a registered model.*Did you mean"):
+        zoo.create_model("gpt5")
+
+
+def test_list_components_names_every_family():
+    components = zoo.list_components()
+    assert components["position"] == ["alibi", "learned", "none", "rope", "sinusoidal", "t5_relative"]
+    assert components["norm"] == ["layernorm", "rmsnorm"]
+    assert components["ffn"] == ["geglu", "gelu", "relu", "swiglu"]
+    assert components["mask"] == ["bidirectional", "causal", "prefix"]
+    assert components["arch"] == ["decoder", "encoder", "encoder_decoder"]
+    assert {"pre", "post"} <= set(components["norm_placement"])
+    assert components["attention"] == ["math", "sdpa"]
+
+
+def test_duplicate_names_are_errors():
+    with pytest.raises(ValueError, match="already registered"):
+        NORM.register("rmsnorm")(object)
+
+
+def test_a_user_component_plugs_in_by_name():
+    registry = zoo.registry.NORM
+
+    @zoo.register("norm", "scalenorm_test")
+    class ScaleNorm(nn.Module):  # Nguyen & Salazar 2019: g * x / ||x||
+        def __init__(self, dim: int, eps: float) -> None:
+            super().__init__()
+            self.g = nn.Parameter(torch.tensor(dim**0.5))
+            self.eps = eps
+
+        @classmethod
+        def from_config(cls, cfg, dim):
+            return cls(dim, cfg.norm_eps)
+
+        def forward(self, x):
+            return self.g * x / x.norm(dim=-1, keepdim=True).clamp(min=self.eps)
+
+    try:
+        model = zoo.create_model("gpt-tiny", norm="scalenorm_test")
+        assert isinstance(model.decoder.final_norm, ScaleNorm)
+        assert torch.isfinite(model(torch.randint(0, 1024, (1, 4)))).all()
+    finally:
+        del registry._items["scalenorm_test"]
+
+
+def test_unknown_registry_lookup_lists_names():
+    reg = Registry("colour")
+    reg.register("red")(1)
+    reg.register("green")(2)
+    with pytest.raises(zoo.ConfigError, match=r"colour='gren' is not a registered colour; valid names: green, red\. "
+                                              r"Did you mean 'green'\?"):
+        reg.get("gren")

@@ -1,0 +1,58 @@
+"""``zoo-info``: parameters, FLOPs per token and KV-cache size of presets, as a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from zoo.presets import list_models
+from zoo.stats import stats
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "int8": torch.int8, "float8": torch.float8_e4m3fn}
+
+
+def _human(n: float, unit: str = "") -> str:
+    for prefix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000:
+            return f"{n:.3g} {prefix}{unit}".rstrip()
+        n /= 1000
+    return f"{n:.3g} E{unit}"
+
+
+def info_main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="zoo-info", description=__doc__)
+    parser.add_argument("models", nargs="*", help="preset names or fnmatch patterns (default: all presets)")
+    parser.add_argument("--seq-len", type=int, default=None, help="context length (default: the preset's)")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+
+    names: list[str] = []
+    for pattern in args.models or ["*"]:
+        matched = list_models(pattern)
+        if not matched:
+            parser.error(f"no preset matches {pattern!r}; presets: {', '.join(list_models())}")
+        names += [n for n in matched if n not in names]
+    rows = [stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype]) for n in names]
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    table = Table(title=f"zoo presets (KV cache in {args.dtype}, batch {args.batch_size})")
+    for column in ("model", "params", "non-embedding", "seq len", "fwd FLOPs/token", "train FLOPs/token",
+                   "KV cache"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for r in rows:
+        table.add_row(r.name, f"{r.params:,}", f"{r.non_embedding_params:,}", f"{r.seq_len:,}",
+                      _human(r.flops_per_token_forward, "FLOP"), _human(r.flops_per_token_train, "FLOP"),
+                      f"{_human(r.kv_cache_bytes, 'B')} ({r.kv_cache_bytes:,})")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    info_main()
