@@ -16,12 +16,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16, "int8": torch.int8, "float8": torch.float8_e4m3fn}
 
 
-def _human(n: float, unit: str = "") -> str:
-    for prefix in ("", "K", "M", "G", "T", "P"):
+def _human(n: float, unit: str = "", prefixes: str = " KMGTPE") -> str:
+    for prefix in prefixes[:-1]:
         if abs(n) < 1000:
-            return f"{n:.3g} {prefix}{unit}".rstrip()
+            return f"{n:.3g} {prefix.strip()}{unit}".rstrip()
         n /= 1000
-    return f"{n:.3g} E{unit}"
+    return f"{n:.3g} {prefixes[-1]}{unit}"
 
 
 def info_main(argv: list[str] | None = None) -> None:
@@ -43,14 +43,13 @@ def info_main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    table = Table(title=f"zoo presets (KV cache in {args.dtype}, batch {args.batch_size})")
-    for column in ("model", "params", "non-embedding", "seq len", "fwd FLOPs/token", "train FLOPs/token",
-                   "KV cache"):
+    table = Table(title=f"KV cache in {args.dtype}, batch {args.batch_size} (exact numbers: --json)")
+    for column in ("model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
-        table.add_row(r.name, f"{r.params:,}", f"{r.non_embedding_params:,}", f"{r.seq_len:,}",
-                      _human(r.flops_per_token_forward, "FLOP"), _human(r.flops_per_token_train, "FLOP"),
-                      f"{_human(r.kv_cache_bytes, 'B')} ({r.kv_cache_bytes:,})")
+        table.add_row(r.name, _human(r.params, prefixes=" KMBT"), _human(r.non_embedding_params, prefixes=" KMBT"),
+                      f"{r.seq_len:,}", _human(r.flops_per_token_forward), _human(r.flops_per_token_train),
+                      _human(r.kv_cache_bytes, "B"))
     Console().print(table)
 
 

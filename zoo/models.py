@@ -51,8 +51,9 @@ class ZooModel(GenerationMixin, nn.Module):
         n_layers = sum(len(s.blocks) for s in self.stacks())
         for stack in self.stacks():
             for block in stack.blocks:
-                for proj in (block.attn.out, block.ffn.proj, getattr(block.cross_attn, "out", None)):
-                    if proj is not None:
+                for branch, name in ((block.attn, "out"), (block.cross_attn, "out"), (block.ffn, "proj")):
+                    proj = getattr(branch, name, None)  # a user's component may have no such layer
+                    if isinstance(proj, nn.Linear):
                         nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
 
     def new_cache(self, capacity: int = 256) -> Cache:
