@@ -43,7 +43,7 @@ Kernel = Callable[..., Tensor]
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
                    dropout_p: float, probe: nn.Module) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+                                          scale=scale, enable_gqa=bool(k.shape[1] != q.shape[1]))
 
 
 @ATTENTION.register("math")

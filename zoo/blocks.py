@@ -130,4 +130,6 @@ def _padding(mask: Tensor | None) -> Tensor | None:
     if mask is None:
         return None
     mask = mask.bool()
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return mask  # no data-dependent branch in a traced graph: the mask path serves both cases
     return None if bool(mask.all()) else mask
