@@ -19,6 +19,7 @@ from zoo.models import (
     count_parameters,
 )
 from zoo.presets import create_model, get_config, list_models, register_model
+from zoo.pretrained import load_pretrained, save_pretrained
 from zoo.registry import ConfigError, Registry, list_components, register
 from zoo.stats import ModelStats, stats
 
@@ -44,7 +45,9 @@ __all__ = [
     "get_config",
     "list_components",
     "list_models",
+    "load_pretrained",
     "register",
     "register_model",
+    "save_pretrained",
     "stats",
 ]

@@ -1,0 +1,105 @@
+"""What every task shares: the zoo model built from plain config, AdamW with weight-decay groups,
+linear warmup then cosine decay, the tokenizer carried inside checkpoints."""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+import zoo
+
+
+class ZooTask(L.LightningModule):
+    """Base task. ``model`` is a full ModelConfig as a plain dict (what ``save_hyperparameters``
+    stores), so ``Task.load_from_checkpoint(path)`` rebuilds the model with no conf/ present."""
+
+    forms: ClassVar[tuple[str, ...]] = ()  # architecture forms the task can train
+
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["tokenizer_json"])
+        cfg = zoo.ModelConfig.from_dict(dict(model))
+        self.check_model_config(cfg)
+        self.model = zoo.build_model(cfg)
+        self.optimizer_settings = dict(optimizer)
+        self.tokenizer_json = tokenizer_json
+        self.run_info: dict[str, Any] | None = None  # set by zoo-train; stored in checkpoints as plain data
+
+    @classmethod
+    def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
+        """Raise ConfigError when this task cannot train a model of that config."""
+        if cls.forms and cfg.arch not in cls.forms:
+            raise zoo.ConfigError(f"arch={cfg.arch!r} cannot be trained by {cls.__name__}; it needs arch in "
+                                  f"{list(cls.forms)} (choose another model or task)")
+        cfg.validate()
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        if self.tokenizer_json is None:
+            raise RuntimeError("this task has no tokenizer (it is stored in checkpoints by training)")
+        return Tokenizer.from_str(self.tokenizer_json)
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokenizer_json"] = self.tokenizer_json
+        checkpoint["zoo_run"] = self.run_info
+        checkpoint["state_dict"] = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.tokenizer_json = checkpoint.get("tokenizer_json")
+        self.run_info = checkpoint.get("zoo_run")
+        self.__dict__.pop("tokenizer", None)
+
+    def init_from(self, ckpt_path: str) -> None:
+        """Start from another checkpoint's weights where names and shapes agree (e.g. a classifier
+        from a masked-LM run); everything else keeps its fresh initialisation."""
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+        own = self.state_dict()
+        loaded = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        self.load_state_dict(loaded, strict=False)
+        skipped = sorted(set(state) - set(loaded))
+        fresh = sorted(set(own) - set(loaded))
+        print(f"init_from {ckpt_path}: {len(loaded)} tensors loaded, {len(skipped)} skipped "
+              f"({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''}), {len(fresh)} freshly initialised")
+
+    # ---- optimisation -------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        settings = dict(self.optimizer_settings)
+        warmup, min_ratio = settings.pop("warmup_steps"), settings.pop("min_lr_ratio")
+        optimizer = adamw(self, **settings)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, min_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def adamw(module: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] | list[float],
+          eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW whose weight decay skips biases, norms and embeddings (Loshchilov & Hutter 2019; the
+    GPT-2/BERT practice): only matrices of linear layers decay."""
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in module.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if fused is None:
+        fused = all(p.is_cuda for p in decay + no_decay) and bool(decay + no_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
+    """LR multiplier: linear from 1/warmup to 1, then half a cosine down to ``min_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor

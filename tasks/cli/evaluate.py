@@ -1,0 +1,39 @@
+"""zoo-eval: the test (or validation) metrics of a checkpoint, on the data it was trained on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import RichProgressBar
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from tasks.cli.common import conf_dir, data_module, load_task
+
+
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
+def main(cfg: DictConfig) -> dict[str, float]:
+    if cfg.split not in ("test", "val"):
+        raise ValueError(f"split={cfg.split!r} must be 'test' or 'val'")
+    task, info = load_task(cfg.ckpt_path)
+    datamodule = data_module(info, task, **OmegaConf.to_container(cfg.data, resolve=True))
+    trainer = instantiate(cfg.trainer, callbacks=[RichProgressBar()], enable_checkpointing=False)
+    run = trainer.test if cfg.split == "test" else trainer.validate
+    metrics = {k: float(v) for k, v in run(task, datamodule=datamodule, verbose=False)[0].items()}
+    out = Path(HydraConfig.get().runtime.output_dir)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    table = Table(title=f"zoo-eval ({cfg.split} split)", show_header=False)
+    table.add_row("checkpoint", str(cfg.ckpt_path))
+    for name, value in sorted(metrics.items()):
+        table.add_row(name, f"{value:.4f}")
+    Console().print(table)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""zoo-train: train a model on a task, e.g. ``zoo-train experiment=t5_translator model.n_layers=4``.
+
+Returns the monitored metric, so sweepers (``-m``) can optimise it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+import zoo
+from tasks import TASKS
+from tasks.cli.common import check_composition, conf_dir, fail, load_task, register_model_schema, run_info
+
+register_model_schema()
+
+
+def train(cfg: DictConfig) -> float | None:
+    model_cfg = check_composition(cfg)  # bad combinations stop here, before any data is read
+    L.seed_everything(cfg.seed, workers=True)
+    output_dir = Path(cfg.paths.output_dir)
+
+    datamodule = instantiate(cfg.data, _convert_="all")
+    if cfg.init_from:  # the tokenizer must be the one the weights were trained with
+        datamodule.tokenizer = load_task(cfg.init_from)[0].tokenizer
+    datamodule.setup("fit")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    datamodule.tokenizer.save(str(output_dir / "tokenizer.json"))
+
+    model_cfg = model_cfg.replace(**datamodule.model_sizes())
+    task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
+                       tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(), _convert_="all")
+    task.run_info = run_info(cfg, task_name=next(k for k, v in TASKS.items() if type(task) is v))
+    if cfg.init_from:
+        task.init_from(cfg.init_from)
+
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    (output_dir / "config.yaml").write_text(task.run_info["config_yaml"])
+
+    if cfg.train:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        if not trainer.fast_dev_run:  # the final state, even when the last step was not a validation step
+            trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt")
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if cfg.test:
+        results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+        metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+    if trainer.is_global_zero:
+        summarize(output_dir, best, metrics, model_cfg)
+    value = metrics.get(cfg.monitor.metric)
+    return None if value is None else float(value)
+
+
+def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg: zoo.ModelConfig) -> None:
+    table = Table(title="zoo-train finished", show_header=False)
+    table.add_row("run directory", str(output_dir))
+    table.add_row("best checkpoint", best or "(none saved)")
+    table.add_row("model", f"{model_cfg.arch}: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
+                           f"{model_cfg.position} positions, {model_cfg.norm_placement}-{model_cfg.norm}, "
+                           f"{model_cfg.ffn} FFN")
+    for name in sorted(metrics):
+        if name.startswith(("val/", "test/")):
+            table.add_row(name, f"{metrics[name]:.4f}")
+    Console().print(table)
+
+
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        return train(cfg)
+    except zoo.ConfigError as error:
+        fail(error)
+
+
+if __name__ == "__main__":
+    torch.set_float32_matmul_precision("high")
+    main()

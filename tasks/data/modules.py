@@ -1,0 +1,263 @@
+"""LightningDataModules for the four tasks. Each loads records from a source, splits them
+deterministically by a hash of their key, trains (or loads) a tokenizer on the training split, and
+says which sizes the model must take from the data (``model_sizes``) and what the task must know
+(``task_info``, e.g. the label names).
+
+Batches are dicts of tensors. Language modelling packs documents into full blocks; the others pad
+each batch only to its longest sequence and group sequences of similar length (bucketing).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from tasks.data.sources import load_records, split_of
+from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, with_cls_sep
+
+IGNORE = -100  # label of positions that carry no loss
+
+
+class TextDataModule(L.LightningDataModule):
+    tokenizer_kind: ClassVar[str] = "bpe"
+
+    def __init__(self, *, source: str, source_args: dict[str, Any] | None = None, tokenizer_path: str | None = None,
+                 tokenizer_kind: str | None = None, vocab_size: int = 4096, seq_len: int = 128, batch_size: int = 32,
+                 val_fraction: float = 0.05, test_fraction: float = 0.05, max_records: int | None = None,
+                 num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.source, self.source_args = source, dict(source_args or {})
+        self.tokenizer_path = tokenizer_path
+        self.kind = tokenizer_kind or self.tokenizer_kind
+        self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.max_records, self.num_workers, self.seed = max_records, num_workers, seed
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, Dataset] = {}
+
+    # ---- what subclasses define -----------------------------------------------------------------
+    def texts(self, record: dict[str, Any]) -> list[str]:
+        """The texts of a record the tokenizer learns from."""
+        return [record["text"]]
+
+    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        raise NotImplementedError
+
+    def collate(self, batch: list[Any]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def task_info(self) -> dict[str, Any]:
+        return {}
+
+    # ---- shared ---------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        records = load_records(self.source, **self.source_args)
+        if self.max_records is not None:
+            records = sorted(records, key=lambda r: split_of(str(r["key"]), 0.0, 0.0) + str(r["key"]))
+            random.Random(self.seed).shuffle(records)
+            records = records[: self.max_records]
+        splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
+        for record in records:
+            splits[split_of(str(record["key"]), self.val_fraction, self.test_fraction)].append(record)
+        if not splits["train"] or not splits["val"]:
+            raise ValueError(f"source {self.source!r} gave {len(records)} records: too few for train/val splits")
+        if self.tokenizer is None:  # a tokenizer set before setup (from a checkpoint) is kept
+            texts = (t for r in splits["train"] for t in self.texts(r))
+            self.tokenizer = load_or_train(self.tokenizer_path, texts, self.kind, self.vocab_size)
+        self.tokenizer = self.prepare_tokenizer(self.tokenizer)
+        self.datasets = {name: self.build_dataset(rs, name) for name, rs in splits.items() if rs}
+
+    def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
+        return tokenizer
+
+    def model_sizes(self) -> dict[str, int]:
+        """ModelConfig fields the data decides."""
+        assert self.tokenizer is not None, "call setup() first"
+        return {"vocab_size": self.tokenizer.get_vocab_size(), "pad_token_id": PAD, "eos_token_id": EOS}
+
+    def tokenizer_json(self) -> str:
+        assert self.tokenizer is not None, "call setup() first"
+        return self.tokenizer.to_str()
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        dataset = self.datasets[split]
+        lengths = getattr(dataset, "lengths", None)
+        if lengths is None:
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
+                              collate_fn=self.collate, drop_last=shuffle)
+        sampler = BucketBatchSampler(lengths, self.batch_size, shuffle=shuffle, seed=self.seed)
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test" if "test" in self.datasets else "val", shuffle=False)
+
+    def encode(self, text: str) -> list[int]:
+        assert self.tokenizer is not None
+        return self.tokenizer.encode(text).ids
+
+
+class ListDataset(Dataset):
+    def __init__(self, items: Sequence[Any], lengths: Sequence[int] | None = None) -> None:
+        self.items, self.lengths = items, lengths
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar length: sort within windows of 50 batches, then shuffle the batches.
+    Without shuffling (evaluation) batches follow the sorted order. Padding per batch shrinks."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool, seed: int = 0,
+                 window: int = 50) -> None:
+        self.lengths, self.batch_size, self.shuffle, self.seed, self.window = lengths, batch_size, shuffle, seed, window
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(range(len(self.lengths)))
+        rng = random.Random(self.seed + self.epoch)
+        self.epoch += 1
+        if self.shuffle:
+            rng.shuffle(order)
+        span = self.batch_size * self.window if self.shuffle else len(order)
+        batches = []
+        for start in range(0, len(order), span):
+            chunk = sorted(order[start : start + span], key=lambda i: self.lengths[i])
+            batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        if self.shuffle:
+            rng.shuffle(batches)
+        yield from batches
+
+    def __len__(self) -> int:
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], value: int = PAD) -> Tensor:
+    """Right-pad to the longest sequence: (B, T_max)."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out
+
+
+# ---- language modelling (decoder) ---------------------------------------------------------------
+class LMDataModule(TextDataModule):
+    """Causal LM: documents joined with </s> and cut into blocks of seq_len + 1 tokens."""
+
+    tokenizer_kind = "bpe"
+
+    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        ids: list[int] = []
+        for record in records:
+            ids += self.encode(record["text"]) + [EOS]
+        block = self.seq_len + 1
+        n = len(ids) // block
+        if n == 0:
+            raise ValueError(f"the {split} split has {len(ids)} tokens: fewer than one block of {block}")
+        return ListDataset(torch.tensor(ids[: n * block]).view(n, block))
+
+    def collate(self, batch: list[Tensor]) -> dict[str, Tensor]:
+        blocks = torch.stack(batch)  # (B, T+1)
+        return {"input_ids": blocks[:, :-1], "labels": blocks[:, 1:]}
+
+
+# ---- sequence classification (encoder) ---------------------------------------------------------
+class ClassificationDataModule(TextDataModule):
+    """Text -> label. Labels are the sorted distinct values of the records' ``label`` field."""
+
+    tokenizer_kind = "wordpiece"
+
+    def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
+        tokenizer = with_cls_sep(tokenizer)
+        tokenizer.enable_truncation(self.seq_len)
+        return tokenizer
+
+    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        if split == "train":
+            self.label_names = sorted({str(r["label"]) for r in records})
+        index = {name: i for i, name in enumerate(self.label_names)}
+        items = [(self.encode(r["text"]), index[str(r["label"])]) for r in records if str(r["label"]) in index]
+        return ListDataset(items, [len(ids) for ids, _ in items])
+
+    def collate(self, batch: list[tuple[list[int], int]]) -> dict[str, Tensor]:
+        input_ids = pad_batch([ids for ids, _ in batch])
+        return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(),
+                "labels": torch.tensor([label for _, label in batch])}
+
+    def task_info(self) -> dict[str, Any]:
+        return {"label_names": list(self.label_names)}
+
+
+# ---- masked language modelling (encoder) -------------------------------------------------------
+class MLMDataModule(TextDataModule):
+    """BERT pretraining: 15% of tokens are chosen; 80% of those become <mask>, 10% a random token,
+    10% stay; the loss is on the chosen ones only (Devlin et al. 2019)."""
+
+    tokenizer_kind = "wordpiece"
+
+    def __init__(self, *, mask_prob: float = 0.15, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mask_prob = mask_prob
+
+    def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
+        tokenizer = with_cls_sep(tokenizer)
+        tokenizer.enable_truncation(self.seq_len)
+        return tokenizer
+
+    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        items = [ids for r in records if len(ids := self.encode(r["text"])) > 3]
+        return ListDataset(items, [len(ids) for ids in items])
+
+    def collate(self, batch: list[list[int]]) -> dict[str, Tensor]:
+        input_ids = pad_batch(batch)
+        labels = input_ids.clone()
+        special = input_ids < len(SPECIALS)
+        chosen = (torch.rand(input_ids.shape) < self.mask_prob) & ~special
+        labels[~chosen] = IGNORE
+        action = torch.rand(input_ids.shape)
+        masked = input_ids.masked_fill(chosen & (action < 0.8), MASK)
+        random_tokens = torch.randint(len(SPECIALS), self.tokenizer.get_vocab_size(), input_ids.shape)
+        swap = chosen & (action >= 0.8) & (action < 0.9)
+        masked = torch.where(swap, random_tokens, masked)
+        return {"input_ids": masked, "attention_mask": (input_ids != PAD).long(), "labels": labels}
+
+
+# ---- translation (encoder-decoder) -------------------------------------------------------------
+class TranslationDataModule(TextDataModule):
+    """Source -> target pairs with one tokenizer for both sides. The decoder input is the target
+    shifted right behind the start token (<pad>, as in T5); the labels end with </s>."""
+
+    tokenizer_kind = "unigram"
+
+    def texts(self, record: dict[str, Any]) -> list[str]:
+        return [record["source"], record["target"]]
+
+    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        items = [(self.encode(r["source"])[: self.seq_len - 1] + [EOS], self.encode(r["target"])[: self.seq_len - 1]
+                  + [EOS], r["target"]) for r in records]
+        return ListDataset(items, [len(s) + len(t) for s, t, _ in items])
+
+    def collate(self, batch: list[tuple[list[int], list[int], str]]) -> dict[str, Any]:
+        src = pad_batch([s for s, _, _ in batch])
+        labels = pad_batch([t for _, t, _ in batch], IGNORE)
+        decoder_input_ids = pad_batch([[PAD] + t[:-1] for _, t, _ in batch])
+        return {"input_ids": src, "attention_mask": (src != PAD).long(), "decoder_input_ids": decoder_input_ids,
+                "labels": labels, "references": [ref for _, _, ref in batch]}

@@ -1,0 +1,62 @@
+"""GPT-style language model: next-token cross-entropy, perplexity, a sample at each validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.text import Perplexity
+
+from tasks.base import ZooTask
+
+
+class GeneratorTask(ZooTask):
+    forms = ("decoder",)
+
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None,
+                 sample_prompt: str = "def ", sample_tokens: int = 48, sample_temperature: float = 0.8) -> None:
+        super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
+        self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
+        self.sample_temperature = sample_temperature
+        self.val_ppl, self.test_ppl = Perplexity(ignore_index=-100), Perplexity(ignore_index=-100)
+        self.samples: list[str] = []
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        logits = self.model(batch["input_ids"])  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100), logits
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, _ = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        loss, logits = self.loss(batch)
+        self.val_ppl.update(logits.float(), batch["labels"])
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/ppl", self.val_ppl, prog_bar=True)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        loss, logits = self.loss(batch)
+        self.test_ppl.update(logits.float(), batch["labels"])
+        self.log("test/loss", loss, sync_dist=True)
+        self.log("test/ppl", self.test_ppl)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.tokenizer_json is None or self.trainer.sanity_checking:
+            return
+        text = self.generate_text(self.sample_prompt, self.sample_tokens, temperature=self.sample_temperature)
+        self.samples.append(text)
+        self.print(f"[step {self.global_step}] sample: {text!r}")
+
+    @torch.no_grad()
+    def generate_text(self, prompt: str, max_new_tokens: int, *, seed: int = 0, **kwargs: Any) -> str:
+        """Continue ``prompt``; kwargs go to ``model.generate`` (sampling when a temperature is given)."""
+        ids = self.tokenizer.encode(prompt).ids
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        kwargs.setdefault("do_sample", "temperature" in kwargs)
+        out = self.model.generate(torch.tensor([ids], device=self.device), max_new_tokens, generator=generator,
+                                  **kwargs)
+        return self.tokenizer.decode(out[0].tolist(), skip_special_tokens=True)

@@ -1,0 +1,62 @@
+"""BERT masked-LM pretraining: predict the chosen tokens through the MLM head tied to the embeddings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import Accuracy
+
+import zoo
+from tasks.base import ZooTask
+
+
+class MLMTask(ZooTask):
+    forms = ("encoder",)
+
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None) -> None:
+        super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
+        V = self.model.config.vocab_size
+        self.train_acc, self.val_acc, self.test_acc = (Accuracy(task="multiclass", num_classes=V, ignore_index=-100)
+                                                       for _ in range(3))
+
+    @classmethod
+    def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
+        super().check_model_config(cfg)
+        if not cfg.mlm_head:
+            raise zoo.ConfigError("the mlm task needs the masked-LM head: set model.mlm_head=true")
+
+    def step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        hidden = self.model(batch["input_ids"], batch["attention_mask"])
+        logits = self.model.mlm_logits(hidden)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+        acc = getattr(self, f"{stage}_acc")
+        acc.update(logits.argmax(-1), batch["labels"])
+        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train")
+        self.log(f"{stage}/masked_acc", acc, prog_bar=stage == "val")
+        return loss
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self.step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.step(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.step(batch, "test")
+
+    @torch.no_grad()
+    def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+        """For each <mask> in ``text``, the top_k tokens and their probabilities."""
+        enc = self.tokenizer.encode(text)
+        ids = torch.tensor([enc.ids], device=self.device)
+        probs = self.model.mlm_logits(self.model(ids)).softmax(-1)[0]
+        mask_id = self.tokenizer.token_to_id("<mask>")
+        out = []
+        for pos in (ids[0] == mask_id).nonzero()[:, 0].tolist():
+            top = probs[pos].topk(top_k)
+            out.append([(self.tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices,
+                                                                                      strict=True)])
+        return out
