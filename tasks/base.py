@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
+from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
@@ -44,6 +45,13 @@ class ZooTask(L.LightningModule):
         if self.tokenizer_json is None:
             raise RuntimeError("this task has no tokenizer (it is stored in checkpoints by training)")
         return Tokenizer.from_str(self.tokenizer_json)
+
+    def log_text(self, text: str) -> None:
+        """Print a sample and keep it in <run dir>/samples.txt (text does not fit the metric loggers)."""
+        self.print(text)
+        if self.trainer.is_global_zero and self.trainer.default_root_dir:
+            with open(Path(self.trainer.default_root_dir) / "samples.txt", "a", encoding="utf-8") as f:
+                f.write(text + "\n")
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ class GeneratorTask(ZooTask):
             return
         text = self.generate_text(self.sample_prompt, self.sample_tokens, temperature=self.sample_temperature)
         self.samples.append(text)
-        self.print(f"[step {self.global_step}] sample: {text!r}")
+        self.log_text(f"[step {self.global_step}] sample: {text!r}")
 
     @torch.no_grad()
     def generate_text(self, prompt: str, max_new_tokens: int, *, seed: int = 0, **kwargs: Any) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ class TranslatorTask(ZooTask):
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None,
                  label_smoothing: float = 0.1, num_beams: int = 1, length_penalty: float = 1.0,
                  max_new_tokens: int = 64, decode_batches: int = 4, n_samples: int = 3) -> None:
+        """``decode_batches``: how many validation batches are translated for BLEU/chrF (all test batches are)."""
         super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
         self.label_smoothing, self.num_beams, self.length_penalty = label_smoothing, num_beams, length_penalty
         self.max_new_tokens, self.decode_batches, self.n_samples = max_new_tokens, decode_batches, n_samples
@@ -39,8 +41,10 @@ class TranslatorTask(ZooTask):
     def evaluate(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
         self.log(f"{stage}/loss", self.step_loss(batch), prog_bar=stage == "val", sync_dist=True,
                  batch_size=len(batch["references"]))
-        if stage == "val" and batch_idx >= self.decode_batches:
-            return
+        if stage == "val":  # decode decode_batches batches spread over the (length-sorted) validation set
+            stride = max(1, math.ceil(self.trainer.num_val_batches[0] / self.decode_batches))
+            if batch_idx % stride:
+                return
         hypotheses = self.translate_ids(batch["input_ids"], batch["attention_mask"])
         references = [[ref] for ref in batch["references"]]
         self.bleu[stage].update(hypotheses, references)
@@ -51,7 +55,7 @@ class TranslatorTask(ZooTask):
             sources = [self.tokenizer.decode(ids.tolist(), skip_special_tokens=True) for ids in batch["input_ids"]]
             self.samples = list(zip(sources, hypotheses, batch["references"], strict=True))[: self.n_samples]
             for src, hyp, ref in self.samples:
-                self.print(f"[step {self.global_step}] {src!r} -> {hyp!r} (reference {ref!r})")
+                self.log_text(f"[step {self.global_step}] {src!r} -> {hyp!r} (reference {ref!r})")
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.evaluate(batch, batch_idx, "val")

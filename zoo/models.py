@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
 from zoo.generation import GenerationMixin
@@ -49,6 +50,10 @@ class ZooModel(GenerationMixin, nn.Module):
             elif hasattr(module, "reset_parameters") and not list(module.children()):
                 module.reset_parameters()  # norms
         n_layers = sum(len(s.blocks) for s in self.stacks())
+        for attn in (m for m in self.modules() if isinstance(m, Attention)):
+            # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
+            q = attn.q.weight if attn.cross else attn.qkv.weight[: attn.n_heads * attn.head_dim]
+            q.mul_(attn.head_dim**-0.5 / attn.scale)
         for stack in self.stacks():
             for block in stack.blocks:
                 for branch, name in ((block.attn, "out"), (block.cross_attn, "out"), (block.ffn, "proj")):

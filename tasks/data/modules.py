@@ -10,7 +10,8 @@ each batch only to its longest sequence and group sequences of similar length (b
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 import lightning as L
@@ -56,6 +57,9 @@ class TextDataModule(L.LightningDataModule):
     def task_info(self) -> dict[str, Any]:
         return {}
 
+    def collate_for(self, split: str) -> Callable[[list[Any]], dict[str, Any]]:
+        return self.collate
+
     # ---- shared ---------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -66,8 +70,9 @@ class TextDataModule(L.LightningDataModule):
             random.Random(self.seed).shuffle(records)
             records = records[: self.max_records]
         splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
-        for record in records:
-            splits[split_of(str(record["key"]), self.val_fraction, self.test_fraction)].append(record)
+        for record in records:  # records of one group (e.g. one source file) stay in one split
+            group = str(record.get("group", record["key"]))
+            splits[split_of(group, self.val_fraction, self.test_fraction)].append(record)
         if not splits["train"] or not splits["val"]:
             raise ValueError(f"source {self.source!r} gave {len(records)} records: too few for train/val splits")
         if self.tokenizer is None:  # a tokenizer set before setup (from a checkpoint) is kept
@@ -93,9 +98,10 @@ class TextDataModule(L.LightningDataModule):
         lengths = getattr(dataset, "lengths", None)
         if lengths is None:
             return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                              collate_fn=self.collate, drop_last=shuffle)
+                              collate_fn=self.collate_for(split), drop_last=shuffle)
         sampler = BucketBatchSampler(lengths, self.batch_size, shuffle=shuffle, seed=self.seed)
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate)
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=self.num_workers,
+                          collate_fn=self.collate_for(split))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
@@ -226,18 +232,23 @@ class MLMDataModule(TextDataModule):
         items = [ids for r in records if len(ids := self.encode(r["text"])) > 3]
         return ListDataset(items, [len(ids) for ids in items])
 
-    def collate(self, batch: list[list[int]]) -> dict[str, Tensor]:
+    def collate(self, batch: list[list[int]], *, fixed: bool = False) -> dict[str, Tensor]:
+        """``fixed``: the same masks for the same batch every time (comparable validation numbers)."""
         input_ids = pad_batch(batch)
+        g = torch.Generator().manual_seed(int(input_ids.sum())) if fixed else None
         labels = input_ids.clone()
         special = input_ids < len(SPECIALS)
-        chosen = (torch.rand(input_ids.shape) < self.mask_prob) & ~special
+        chosen = (torch.rand(input_ids.shape, generator=g) < self.mask_prob) & ~special
         labels[~chosen] = IGNORE
-        action = torch.rand(input_ids.shape)
+        action = torch.rand(input_ids.shape, generator=g)
         masked = input_ids.masked_fill(chosen & (action < 0.8), MASK)
-        random_tokens = torch.randint(len(SPECIALS), self.tokenizer.get_vocab_size(), input_ids.shape)
+        random_tokens = torch.randint(len(SPECIALS), self.tokenizer.get_vocab_size(), input_ids.shape, generator=g)
         swap = chosen & (action >= 0.8) & (action < 0.9)
         masked = torch.where(swap, random_tokens, masked)
         return {"input_ids": masked, "attention_mask": (input_ids != PAD).long(), "labels": labels}
+
+    def collate_for(self, split: str) -> Callable[[list[Any]], dict[str, Any]]:
+        return self.collate if split == "train" else partial(self.collate, fixed=True)
 
 
 # ---- translation (encoder-decoder) -------------------------------------------------------------

@@ -77,8 +77,8 @@ def stdlib_docstrings(packages: Iterable[str] = DOCSTRING_PACKAGES, min_chars: i
                 doc = ast.get_docstring(node)
                 if doc and len(doc) >= min_chars:
                     name = getattr(node, "name", "<module>")
-                    records.append({"key": f"{rel}:{name}:{getattr(node, 'lineno', 0)}", "text": doc,
-                                    "label": rel.parts[0]})
+                    records.append({"key": f"{rel}:{name}:{getattr(node, 'lineno', 0)}", "group": str(rel),
+                                    "text": doc, "label": rel.parts[0]})
     return records
 
 
