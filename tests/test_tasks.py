@@ -33,7 +33,7 @@ TINY = {  # shrink each experiment to seconds: small data, a few steps
 }
 STEPS = ["trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
          "trainer.limit_test_batches=2", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1",
-         "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+         "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null", "callbacks.throughput.window=2"]
 
 
 def compose_train(experiment: str, out: Path, *extra: str):
@@ -55,7 +55,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("experiment,metrics", [
-    ("gpt_generator", ["val/loss", "val/ppl", "test/ppl"]),
+    ("gpt_generator", ["val/loss", "val/ppl", "test/ppl", "perf/tokens_per_s"]),
     ("bert_classifier", ["val/acc", "val/f1", "test/acc", "test/f1"]),
     ("bert_mlm", ["val/loss", "val/masked_acc", "test/masked_acc"]),
     ("t5_translator", ["val/loss", "val/bleu", "val/chrf", "test/chrf"]),

@@ -31,7 +31,8 @@ def register_model_schema() -> None:
     so ``model.n_layers=4`` needs no ``+`` and ``model.n_layers=four`` fails at composition."""
     hints = typing.get_type_hints(zoo.ModelConfig)
     # typing.Optional, not X | None: OmegaConf reads only the former
-    fields: list[tuple[str, Any, Any]] = [("preset", Optional[str], dataclasses.field(default=None))]  # noqa: UP045
+    fields: list[tuple[str, Any, Any]] = [("preset", Optional[str], dataclasses.field(default=None)),  # noqa: UP045
+                                          ("compile", bool, dataclasses.field(default=False))]
     for f in dataclasses.fields(zoo.ModelConfig):
         base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
         fields.append((f.name, Optional[base[0]], dataclasses.field(default=None)))  # noqa: UP045
@@ -42,6 +43,7 @@ def register_model_schema() -> None:
 def model_config(node: DictConfig) -> zoo.ModelConfig:
     """The ``model`` node -> a ModelConfig (not yet validated): the preset with every non-null field applied."""
     values = OmegaConf.to_container(node, resolve=True)
+    values.pop("compile", None)  # how to run the model, not what it is: train.py applies it
     preset = values.pop("preset", None)
     if preset is None:
         raise zoo.ConfigError(f"model.preset is not set; choose a model, e.g. model=gpt-tiny ({zoo.list_models()})")

@@ -40,6 +40,8 @@ def train(cfg: DictConfig) -> float | None:
     task.run_info = run_info(cfg, task_name=next(k for k, v in TASKS.items() if type(task) is v))
     if cfg.init_from:
         task.init_from(cfg.init_from)
+    if cfg.model.get("compile"):
+        task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]

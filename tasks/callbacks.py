@@ -1,0 +1,73 @@
+"""Training callbacks of zoo's own."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+
+import zoo
+
+
+class Throughput(L.Callback):
+    """Logs ``perf/tokens_per_s`` and, where the device's peak FLOP/s is known, ``perf/mfu``: model
+    FLOPs utilisation, the training FLOPs per token from ``zoo.stats`` (6N plus the attention term,
+    Chowdhery et al. 2022) times tokens per second, over the peak of all devices.
+
+    Args:
+        peak_flops: peak FLOP/s of one device; None asks Lightning's table of known GPUs for the
+            trainer's precision (CPUs are not in it: set it to get an MFU there).
+        window: optimizer steps averaged per logged value.
+    """
+
+    def __init__(self, peak_flops: float | None = None, window: int = 10) -> None:
+        self.peak_flops, self.window = peak_flops, window
+        self._flops_per_token: dict[int, int] = {}
+        self._tokens = self._flop_total = 0
+        self._start: float | None = None
+        self._steps = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.peak_flops is None and trainer.strategy.root_device.type == "cuda":
+            from lightning.fabric.utilities.throughput import get_available_flops
+
+            dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
+            self.peak_flops = get_available_flops(trainer.strategy.root_device, dtype)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._start is None:
+            self._sync(trainer)
+            self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        ids = batch["input_ids"]
+        flops_per_token = self._flops(pl_module, ids.shape[1])
+        tokens = ids.numel() + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
+        self._tokens += tokens
+        self._flop_total += ids.numel() * flops_per_token
+        self._steps += 1
+        if self._steps < self.window:
+            return
+        self._sync(trainer)
+        seconds = time.perf_counter() - self._start
+        world = trainer.world_size
+        metrics = {"perf/tokens_per_s": self._tokens * world / seconds}
+        if self.peak_flops:
+            metrics["perf/mfu"] = self._flop_total / seconds / self.peak_flops
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        self._tokens, self._flop_total, self._steps, self._start = 0, 0, 0, time.perf_counter()
+
+    def _flops(self, pl_module: L.LightningModule, seq_len: int) -> int:
+        if seq_len not in self._flops_per_token:
+            model = pl_module.model
+            self._flops_per_token[seq_len] = zoo.stats(model.config, seq_len=seq_len).flops_per_token_train
+        return self._flops_per_token[seq_len]
+
+    @staticmethod
+    def _sync(trainer: L.Trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
