@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 import zoo
 
@@ -71,3 +72,16 @@ class Throughput(L.Callback):
     def _sync(trainer: L.Trainer) -> None:
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize()
+
+
+class CrashCheckpoint(OnExceptionCheckpoint):
+    """Saves ``<dirpath>/<filename>.ckpt`` when training stops on an exception or Ctrl-C.
+
+    Single-process runs only: in a distributed run an exception usually hits one process, and
+    saving needs all of them (a barrier), so it would hang instead of failing. There the
+    ``last.ckpt`` of the latest validation is the point to resume from.
+    """
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if trainer.world_size == 1:
+            super().on_exception(trainer, pl_module, exception)

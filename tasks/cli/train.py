@@ -5,12 +5,19 @@ Returns the monitored metric, so sweepers (``-m``) can optimise it.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
@@ -26,13 +33,15 @@ def train(cfg: DictConfig) -> float | None:
     model_cfg = check_composition(cfg)  # bad combinations stop here, before any data is read
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
+    first = rank_zero_only.rank == 0  # in a distributed run the other processes start this script too
 
     datamodule = instantiate(cfg.data, _convert_="all")
     if cfg.init_from:  # the tokenizer must be the one the weights were trained with
         datamodule.tokenizer = load_task(cfg.init_from)[0].tokenizer
     datamodule.setup("fit")
     output_dir.mkdir(parents=True, exist_ok=True)
-    datamodule.tokenizer.save(str(output_dir / "tokenizer.json"))
+    if first:
+        datamodule.tokenizer.save(str(output_dir / "tokenizer.json"))
 
     model_cfg = model_cfg.replace(**datamodule.model_sizes())
     task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
@@ -46,7 +55,9 @@ def train(cfg: DictConfig) -> float | None:
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    (output_dir / "config.yaml").write_text(task.run_info["config_yaml"])
+    if first:
+        (output_dir / "config.yaml").write_text(task.run_info["config_yaml"])
+    relaunch_as_this_job()
 
     if cfg.train:
         trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
@@ -63,6 +74,22 @@ def train(cfg: DictConfig) -> float | None:
     return None if value is None else float(value)
 
 
+def relaunch_as_this_job() -> None:
+    """Make Lightning's DDP relaunch of this script (for ranks > 0) run this job alone.
+
+    Lightning starts the other processes with this process's command line plus
+    ``hydra.run.dir=<hydra.run.dir>``. In a multirun that command is the whole sweep (each child
+    would start every job, in new directories): give it this job's overrides and directory instead.
+    """
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    hydra_cfg = HydraConfig.get()
+    sys.argv = [sys.argv[0], *hydra_cfg.overrides.task]
+    OmegaConf.set_readonly(hydra_cfg, False)
+    hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
+    OmegaConf.set_readonly(hydra_cfg, True)
+
+
 def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg: zoo.ModelConfig) -> None:
     table = Table(title="zoo-train finished", show_header=False)
     table.add_row("run directory", str(output_dir))
@@ -76,10 +103,31 @@ def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg:
     Console().print(table)
 
 
+DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextmanager
+def one_job_of_a_sweep() -> Iterator[None]:
+    """Undo what a DDP run leaves in this process (its process group, the variables Lightning sets
+    to launch the other ranks), so that the next job of a multirun starts its own processes."""
+    before = {k: os.environ.get(k) for k in DDP_ENV}
+    try:
+        yield
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
-        return train(cfg)
+        with one_job_of_a_sweep():
+            return train(cfg)
     except zoo.ConfigError as error:
         fail(error)
 

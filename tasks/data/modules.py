@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from tasks.data.sources import load_records, split_of
 from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, with_cls_sep
@@ -94,13 +94,19 @@ class TextDataModule(L.LightningDataModule):
         return self.tokenizer.to_str()
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        """Each process of a distributed run gets its own shard (the trainer configs set
+        use_distributed_sampler=false: the data modules shard themselves, bucketing included)."""
         dataset = self.datasets[split]
         lengths = getattr(dataset, "lengths", None)
+        world, rank = _world()
         if lengths is None:
-            return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                              collate_fn=self.collate_for(split), drop_last=shuffle)
-        sampler = BucketBatchSampler(lengths, self.batch_size, shuffle=shuffle, seed=self.seed)
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=self.num_workers,
+            sampler = DistributedSampler(dataset, world, rank, shuffle=shuffle, seed=self.seed, drop_last=shuffle) \
+                if world > 1 else None
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle and sampler is None,
+                              sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate_for(split),
+                              drop_last=shuffle)
+        batches = BucketBatchSampler(lengths, self.batch_size, shuffle=shuffle, seed=self.seed, world=world, rank=rank)
+        return DataLoader(dataset, batch_sampler=batches, num_workers=self.num_workers,
                           collate_fn=self.collate_for(split))
 
     def train_dataloader(self) -> DataLoader:
@@ -128,21 +134,37 @@ class ListDataset(Dataset):
         return self.items[i]
 
 
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
 class BucketBatchSampler(Sampler[list[int]]):
     """Batches of similar length: sort within windows of 50 batches, then shuffle the batches.
-    Without shuffling (evaluation) batches follow the sorted order. Padding per batch shrinks."""
+    Without shuffling (evaluation) batches follow the sorted order. Padding per batch shrinks.
+
+    In a distributed run process ``rank`` of ``world`` takes every world-th example of the same
+    (seeded) order, then batches its share; training first drops the remainder so that every
+    process runs the same number of steps."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool, seed: int = 0,
-                 window: int = 50) -> None:
+                 window: int = 50, world: int = 1, rank: int = 0) -> None:
         self.lengths, self.batch_size, self.shuffle, self.seed, self.window = lengths, batch_size, shuffle, seed, window
+        self.world, self.rank = world, rank
         self.epoch = 0
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _indices(self, rng: random.Random) -> list[int]:
         order = list(range(len(self.lengths)))
-        rng = random.Random(self.seed + self.epoch)
-        self.epoch += 1
         if self.shuffle:
             rng.shuffle(order)
+            order = order[: len(order) // self.world * self.world]
+        return order[self.rank :: self.world]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = random.Random(self.seed + self.epoch)
+        self.epoch += 1
+        order = self._indices(rng)
         span = self.batch_size * self.window if self.shuffle else len(order)
         batches = []
         for start in range(0, len(order), span):
@@ -153,7 +175,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         yield from batches
 
     def __len__(self) -> int:
-        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+        n = len(self._indices(random.Random(0)))
+        span = self.batch_size * self.window if self.shuffle else max(n, 1)
+        return sum(-(-min(span, n - start) // self.batch_size) for start in range(0, n, span))
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], value: int = PAD) -> Tensor:
