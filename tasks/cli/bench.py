@@ -90,7 +90,7 @@ def train_steps(family: str, hf, ours, batch: int, length: int) -> tuple[Callabl
         hf_loss = lambda: hf(input_ids=ids, labels=labels).loss
         zoo_loss = lambda: F.cross_entropy(ours.mlm_logits(ours(ids)).flatten(0, 1).float(), labels.flatten())
     else:
-        target = ids[:, : length // 2]
+        target = ids[:, : length // 2].contiguous()
         dec = torch.cat([torch.zeros_like(target[:, :1]), target[:, :-1]], dim=1)
         hf_loss = lambda: hf(input_ids=ids, labels=target).loss
         zoo_loss = lambda: F.cross_entropy(ours(ids, dec).flatten(0, 1).float(), target.flatten())
