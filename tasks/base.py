@@ -53,6 +53,20 @@ class ZooTask(L.LightningModule):
             with open(Path(self.trainer.default_root_dir) / "samples.txt", "a", encoding="utf-8") as f:
                 f.write(text + "\n")
 
+    # ---- steps: tasks whose stages differ only in name define ``step`` -------------------------------
+    def step(self, batch: dict[str, Any], stage: str) -> torch.Tensor:
+        """Loss of one batch at ``stage`` ("train", "val" or "test"), logging its metrics."""
+        raise NotImplementedError(f"{type(self).__name__} defines its own *_step methods")
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self.step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.step(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.step(batch, "test")
+
     # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokenizer_json"] = self.tokenizer_json

@@ -51,15 +51,6 @@ class ClassifierTask(ZooTask):
         self.log_dict(metrics, prog_bar=stage == "val")
         return loss
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        return self.step(batch, "train")
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.step(batch, "test")
-
     @torch.no_grad()
     def predict_text(self, text: str) -> tuple[str, float]:
         """The most likely label of ``text`` and its probability."""

@@ -38,15 +38,6 @@ class MLMTask(ZooTask):
         self.log(f"{stage}/masked_acc", acc, prog_bar=stage == "val")
         return loss
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        return self.step(batch, "train")
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.step(batch, "test")
-
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """For each <mask> in ``text``, the top_k tokens and their probabilities."""
