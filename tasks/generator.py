@@ -16,7 +16,7 @@ class GeneratorTask(ZooTask):
     forms = ("decoder",)
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None,
-                 sample_prompt: str = "def ", sample_tokens: int = 48, sample_temperature: float = 0.8) -> None:
+                 sample_prompt: str = "def", sample_tokens: int = 48, sample_temperature: float = 0.8) -> None:
         super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
         self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
         self.sample_temperature = sample_temperature
