@@ -1,0 +1,335 @@
+"""zoo-attention: where a model looks on one text — heatmaps, rollout and a per-head table.
+
+    zoo-attention ckpt_path=<run>/checkpoints/last.ckpt text="def fib(n):"
+    zoo-attention model_dir=export/t5 text="three hundred" target="trois cents"
+
+Runs one text through the model on the reference attention kernel (``zoo.capture_attention``) and
+writes into the run directory (printed at the end; ``outputs/attention/runs/<date>`` by default):
+
+- ``<kind>_layer<i>.png`` per attention layer, one panel per head, tokens on both axes (queries
+  down, keys across): ``encoder_self``, ``decoder_self``, and ``cross`` (target tokens down,
+  source tokens across) for an encoder-decoder.
+- ``rollout_<stack>.png``: attention rollout (Abnar & Zuidema 2020) of each stack's
+  self-attention — the encoder's, and the decoder's self-attention alone. Cross-attention is not
+  rolled out: it reads another sequence, so it has no square map to multiply; see its per-layer
+  heatmaps.
+- ``heads.md``: per head, the mean row entropy (nats, and normalised by log of the keys each row
+  may see), the mass on the first token, on the own and on the previous position, and the flags
+  "flat", "sink", "diagonal", "previous" (thresholds in ``conf/attention.yaml``); the same table
+  is printed. ``summary.json``: tokens, notes and flag counts. ``plots=false`` writes only these
+  two, e.g. for a quick look at a large model.
+
+By form: an encoder (classifier, masked LM) and a decoder (generator) read ``text``; an
+encoder-decoder reads ``text`` as the source and ``target`` as the decoder's text, or, without
+``target``, its own greedy translation (decoder inputs: the start token, then the target tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import matplotlib
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+from tokenizers import Tokenizer
+from torch import Tensor
+
+import zoo
+from tasks.cli.common import conf_dir, fail, load_task, quote_free_text
+from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, layers_by_kind
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.colors import PowerNorm  # noqa: E402
+
+VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "$": r"\$"})  # "$" would start mathtext
+FILE_STEM = {"encoder self": "encoder_self", "decoder self": "decoder_self", "cross": "cross"}
+
+
+@dataclass
+class Inputs:
+    """Token ids the model is run on (batch of one) and their axis labels."""
+
+    ids: list[int]  # the text (encoder, decoder) or the source (encoder_decoder)
+    target: list[int] | None = None  # encoder_decoder: decoder inputs, start token first
+    notes: list[str] = field(default_factory=list)  # what was cut or generated, for titles and the table
+
+
+@dataclass
+class HeadRow:
+    module: str
+    kind: str
+    layer: int
+    head: int
+    stats: HeadStats
+    flags: list[str]
+
+
+def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
+    """The model (eval mode), its tokenizer and a name for where it came from."""
+    if bool(cfg.ckpt_path) == bool(cfg.model_dir):
+        raise ValueError("give ckpt_path=<zoo-train checkpoint> or model_dir=<zoo-export safetensors folder> "
+                         "(exactly one)")
+    if cfg.ckpt_path:
+        if not Path(cfg.ckpt_path).is_file():
+            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file")
+        task, _ = load_task(cfg.ckpt_path)
+        tokenizer = Tokenizer.from_file(cfg.tokenizer_path) if cfg.tokenizer_path else task.tokenizer
+        return task.model.eval(), tokenizer, str(cfg.ckpt_path)
+    folder = Path(cfg.model_dir)
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"model_dir={folder} has no config.json and model.safetensors "
+                                "(write one with zoo-export format=safetensors)")
+    tokenizer_path = Path(cfg.tokenizer_path) if cfg.tokenizer_path else folder / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise FileNotFoundError(f"{tokenizer_path} not found; the model folder needs its tokenizer "
+                                "(zoo-export writes it) or pass tokenizer_path=<tokenizer.json>")
+    return zoo.load_pretrained(folder), Tokenizer.from_file(str(tokenizer_path)), str(folder)
+
+
+def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs:
+    """Tokenize ``text`` (and ``target``) as the tasks do in training, cut to ``max_tokens``."""
+    config = model.config
+    if cfg.text is None or not str(cfg.text).strip():
+        raise ValueError('text="…" is required: the text to look at (the source sentence for a translator)')
+    if cfg.target is not None and config.arch != "encoder_decoder":
+        raise ValueError(f"target= is for encoder-decoder models; this model is arch={config.arch!r}")
+    limit = int(cfg.max_tokens)
+    if limit < 2:
+        raise ValueError(f"max_tokens={limit} must be at least 2")
+    if config.position == "learned" and config.max_seq_len:
+        limit = min(limit, config.max_seq_len)  # the position table ends there
+    ids = tokenizer.encode(str(cfg.text)).ids
+    if config.arch == "encoder_decoder" and config.eos_token_id is not None:
+        ids = ids + [config.eos_token_id]  # the source ends with </s>, as in TranslationDataModule
+    if not ids:
+        raise ValueError(f"text={cfg.text!r} gives no tokens")
+    inputs = Inputs(ids=ids[:limit])
+    if len(ids) > limit:
+        inputs.notes.append(f"text cut to its first {limit} of {len(ids)} tokens (max_tokens)")
+    if config.arch != "encoder_decoder":
+        return inputs
+    start = config.decoder_start_token_id
+    if cfg.target is not None:
+        target = [start] + tokenizer.encode(str(cfg.target)).ids
+        inputs.notes.append("decoder reads the given target")
+    else:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([inputs.ids]), min(int(cfg.max_new_tokens), limit - 1), do_sample=False)
+        target = out[0].tolist()
+        if config.eos_token_id in target[1:]:
+            target = target[: target.index(config.eos_token_id, 1)]  # the step that chose </s> is kept as a query
+        generated = tokenizer.decode(target[1:], skip_special_tokens=True)
+        inputs.notes.append(f"decoder reads the model's greedy translation {generated!r}")
+    inputs.target = target[:limit]
+    if len(target) > limit:
+        inputs.notes.append(f"target cut to its first {limit} of {len(target)} tokens (max_tokens)")
+    return inputs
+
+
+def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    """Each id decoded on its own, whitespace made visible (␣ space, ␣×4 four, ↵ newline, ⇥ tab). A Metaspace
+    (Unigram) decoder drops a lone token's word-start marker "▁", so it is put back as ␣."""
+    labels = []
+    for i in ids:
+        text = tokenizer.decode([i], skip_special_tokens=False)
+        raw = tokenizer.id_to_token(i) or ""
+        if raw.startswith("▁") and not text.startswith(" "):
+            text = " " + text
+        text = re.sub(r" {3,}", lambda run: f"␣×{len(run.group())}", text)  # indentation: "↵␣×8", not 8 marks
+        labels.append(text.translate(VISIBLE_WHITESPACE) or raw or f"#{i}")
+    return labels
+
+
+@torch.no_grad()
+def capture(model: zoo.ZooModel, inputs: Inputs) -> dict[str, Tensor]:
+    """Module name -> probabilities (H, Tq, Tk) of the one sequence."""
+    ids = torch.tensor([inputs.ids])  # (1, T)
+    with capture_attention(model) as probs:
+        if inputs.target is None:
+            model(ids)
+        else:
+            model(ids, torch.tensor([inputs.target]))
+    return {name: p[0] for name, p in probs.items()}
+
+
+def _layer(name: str) -> int:
+    return int(name.split(".blocks.")[1].split(".")[0])
+
+
+def _tick_size(n: int, inches: float) -> float:
+    """A font size (points) that lets n labels share ``inches`` without overlapping."""
+    return max(3.5, min(9.0, 0.8 * inches * 72 / max(n, 1)))
+
+
+def _panel_inches(n: int) -> float:
+    return max(2.8, min(9.0, 0.17 * n + 1.2))
+
+
+def plot_layer(path: Path, probs: Tensor, title: str, q_labels: list[str], k_labels: list[str],
+               rows: list[HeadRow]) -> None:
+    """One figure for one layer: a panel per head, a shared colour bar. Probabilities are on one
+    0..1 scale for every head, square-root spaced so that weak links stay visible; keys a query
+    cannot see are grey."""
+    H, Tq, Tk = probs.shape
+    cols = math.ceil(math.sqrt(H))
+    n_rows = math.ceil(H / cols)
+    width, height = _panel_inches(Tk), _panel_inches(Tq)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(cols * width + 1.2, n_rows * (height + 0.5) + 0.9),
+                             squeeze=False, layout="constrained")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
+    hidden = ~(probs > 0).any(dim=0)  # (Tq, Tk): masked for every head
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= H:
+            ax.axis("off")
+            continue
+        values = probs[h].float().masked_fill(hidden, math.nan).numpy()
+        image = ax.imshow(values, cmap=cmap, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest",
+                          aspect="auto")
+        row = rows[h]
+        flags = f" [{', '.join(row.flags)}]" if row.flags else ""
+        ax.set_title(f"head {h}: normalised entropy {row.stats.norm_entropy.item():.2f}{flags}", fontsize=10)
+        ax.set_xticks(range(Tk), k_labels, rotation=90, fontsize=_tick_size(Tk, width))
+        ax.set_yticks(range(Tq), q_labels, fontsize=_tick_size(Tq, height))
+        ax.tick_params(length=0)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention probability (square-root scale)")
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_rollout(path: Path, rollout: Tensor, title: str, labels: list[str]) -> None:
+    """The (T, T) rollout: row i = how much position i at the top of the stack draws from each input token."""
+    T = rollout.shape[0]
+    side = _panel_inches(T) + 1.5
+    fig, ax = plt.subplots(figsize=(side + 1.2, side + 0.6), layout="constrained")
+    image = ax.imshow(rollout.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=float(rollout.max())),
+                      interpolation="nearest")
+    ax.set_xticks(range(T), labels, rotation=90, fontsize=_tick_size(T, side))
+    ax.set_yticks(range(T), labels, fontsize=_tick_size(T, side))
+    ax.set_xlabel("input token")
+    ax.set_ylabel("position at the top of the stack")
+    ax.tick_params(length=0)
+    fig.colorbar(image, ax=ax, shrink=0.7, label="rolled-out attention (square-root scale)")
+    ax.set_title(title, fontsize=10)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def head_rows(maps: dict[str, Tensor], cfg: DictConfig) -> list[HeadRow]:
+    """Stats and flags of every head, in stack and layer order."""
+    rows = []
+    for kind, names in layers_by_kind(maps).items():
+        for name in names:
+            stats = head_stats(maps[name], self_attention=kind != "cross")
+            flags = stats.flags(flat=cfg.flat_threshold, sink=cfg.sink_threshold, diagonal=cfg.diagonal_threshold)
+            for h, names_h in enumerate(flags):
+                one = HeadStats(*(getattr(stats, f)[h : h + 1] for f in HeadStats.__dataclass_fields__))
+                rows.append(HeadRow(name, kind, _layer(name), h, one, names_h))
+    return rows
+
+
+COLUMNS = ["module", "kind", "layer", "head", "entropy (nats)", "normalised entropy", "first-token mass",
+           "self mass", "previous mass", "flags"]
+SHORT = ["module", "kind", "layer", "head", "H nats", "H/Hmax", "first", "self", "prev", "flags"]  # console
+
+
+def _cells(row: HeadRow) -> list[str]:
+    def number(t: Tensor) -> str:
+        value = t.item()
+        return "–" if math.isnan(value) else f"{value:.3f}"
+
+    s = row.stats
+    return [row.module, row.kind, str(row.layer), str(row.head), number(s.entropy), number(s.norm_entropy),
+            number(s.first_mass), number(s.self_mass), number(s.prev_mass), ", ".join(row.flags)]
+
+
+def markdown(rows: list[HeadRow], header: list[str]) -> str:
+    lines = [*header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
+    """Everything zoo-attention does, into ``out``; returns a summary (files written, flag counts).
+    Bad input (no checkpoint, no text, …) exits with a one-line ``zoo: …`` message."""
+    try:
+        model, tokenizer, source = load(cfg)
+        inputs = encode(model, tokenizer, cfg)
+    except (ValueError, FileNotFoundError, zoo.ConfigError) as error:
+        fail(error)
+    maps = capture(model, inputs)
+    src_labels = token_labels(tokenizer, inputs.ids)
+    tgt_labels = token_labels(tokenizer, inputs.target) if inputs.target is not None else None
+    axes = {"encoder self": (src_labels, src_labels), "decoder self": (tgt_labels or src_labels,) * 2,
+            "cross": (tgt_labels, src_labels)}  # (query labels, key labels)
+    rows = head_rows(maps, cfg)
+    note = f"\n{'; '.join(inputs.notes)}" if inputs.notes else ""
+
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for kind, names in layers_by_kind(maps).items() if cfg.plots else ():
+        q_labels, k_labels = axes[kind]
+        for name in names:
+            path = out / f"{FILE_STEM[kind]}_layer{_layer(name)}.png"
+            axes_note = "target queries down, source keys across" if kind == "cross" else "queries down, keys across"
+            title = f"{name}: {kind}-attention, layer {_layer(name)} ({axes_note}){note}"
+            plot_layer(path, maps[name], title, q_labels, k_labels, [r for r in rows if r.module == name])
+            written.append(path)
+        if kind != "cross":
+            stack = kind.split()[0]
+            rollout = attention_rollout([maps[n] for n in names])
+            path = out / f"rollout_{stack}.png"
+            plot_rollout(path, rollout, f"attention rollout, {stack} self-attention\n({len(names)} layers; heads "
+                         f"averaged, identity added for the residual){note}", q_labels)
+            written.append(path)
+
+    thresholds = (f"flat: normalised entropy > {cfg.flat_threshold}; sink: first-token mass > {cfg.sink_threshold}; "
+                  f"diagonal / previous: self / previous mass > {cfg.diagonal_threshold}")
+    header = [f"# Attention heads of {source}", "", f"text: {cfg.text!r}", *[f"note: {n}" for n in inputs.notes],
+              "", "Rows that see a single key (the first under a causal mask) are left out of the means. "
+              f"{thresholds}."]
+    (out / "heads.md").write_text(markdown(rows, header), encoding="utf-8")
+    written.append(out / "heads.md")
+
+    table = Table(title=f"attention heads ({thresholds})")
+    for column in SHORT:
+        table.add_column(column, justify="left" if column in ("module", "kind", "flags") else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*_cells(row), style="bold" if row.flags else None)
+    console = Console(width=max(Console().width, 120))  # the full table, also when piped
+    console.print(table)
+    counts = {flag: sum(flag in r.flags for r in rows) for flag in ("flat", "sink", "diagonal", "previous")}
+    for n in inputs.notes:
+        console.print(f"note: {n}")
+    console.print(f"{len(rows)} heads: " + ", ".join(f"{n} {flag}" for flag, n in counts.items()))
+    summary = {"files": [p.name for p in written], "heads": len(rows), "flags": counts,
+               "tokens": src_labels, "target_tokens": tgt_labels, "notes": inputs.notes}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(f"wrote {len(written)} files to {out}")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="attention")
+def attention_maps(cfg: DictConfig) -> dict[str, object]:
+    return attention_report(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+def main() -> None:
+    """Console entry point: ``text=`` and ``target=`` pass through unchanged, spaces and quotes included."""
+    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:], keys=("text", "target"))]
+    attention_maps()
+
+
+if __name__ == "__main__":
+    main()
