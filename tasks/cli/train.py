@@ -23,10 +23,12 @@ from rich.console import Console
 from rich.table import Table
 
 import zoo
+from hydra_plugins.zoo_optuna_sweeper import sweeper as optuna_sweeper
 from tasks import TASKS
 from tasks.cli.common import check_composition, conf_dir, fail, load_task, register_model_schema, run_info
 
 register_model_schema()
+optuna_sweeper.register()  # hydra/sweeper=zoo_optuna, also from an editable install
 
 
 def train(cfg: DictConfig) -> float | None:
@@ -129,6 +131,8 @@ def main(cfg: DictConfig) -> float | None:
         with one_job_of_a_sweep():
             return train(cfg)
     except zoo.ConfigError as error:
+        if os.environ.get(optuna_sweeper.TRIAL_ENV):  # one trial's sampled choice: the sweeper records it failed
+            raise
         fail(error)
 
 

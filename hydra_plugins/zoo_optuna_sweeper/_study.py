@@ -1,0 +1,350 @@
+"""What the zoo_optuna sweeper does with Optuna: the search space, the study, the sweep loop, and
+the trial a job reports to. Imported only when a sweep or a trial runs (the leading underscore
+keeps Hydra's plugin scan from importing it at every start)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, Transformer
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from hydra_plugins.zoo_optuna_sweeper.sweeper import STORAGE_ENV, STUDY_ENV, TRIAL_ENV
+
+log = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successive_halving": "SuccessiveHalvingPruner",
+           "hyperband": "HyperbandPruner", "none": "NopPruner"}
+DIRECTIONS = {"minimize": "minimize", "min": "minimize", "maximize": "maximize", "max": "maximize"}
+INTERRUPTED = "zoo_interrupted"  # study attribute: numbers of trials a killed sweep left behind (not counted)
+OWNER = "zoo_sweeper"  # trial attribute: "host:pid" of the sweep process that asked for it
+PRUNER = "zoo_pruner"  # study attribute: the pruner, so that jobs build the same one
+
+
+@dataclass
+class Param:
+    """One searched override: its Optuna distribution and, for a choice, each option's override text."""
+
+    key: str  # the override's key element, prefix included: "optimizer.lr", "model/position", "+foo"
+    distribution: BaseDistribution
+    choice_texts: list[str] | None = None
+
+    def override(self, value: Any) -> str:
+        if self.choice_texts is not None:
+            index = int(self.distribution.to_internal_repr(value))
+            return f"{self.key}={self.choice_texts[index]}"
+        return f"{self.key}={value!r}" if isinstance(value, float) else f"{self.key}={value}"
+
+    def grid_values(self) -> list[Any]:
+        dist = self.distribution
+        if isinstance(dist, CategoricalDistribution):
+            return list(dist.choices)
+        if isinstance(dist, IntDistribution):
+            return list(range(dist.low, dist.high + 1, dist.step))
+        if isinstance(dist, FloatDistribution) and dist.step is not None:
+            n = round((dist.high - dist.low) / dist.step)
+            return [float(Decimal(str(dist.low)) + i * Decimal(str(dist.step))) for i in range(n + 1)]
+        raise ValueError(f"sampler=grid needs choice() or range() params; {self.key} is a continuous interval")
+
+
+@dataclass
+class SearchSpace:
+    """The searched params and the overrides every trial gets, from ``hydra.sweeper.params`` and the
+    command line (whose sweeps join the search and whose fixed values win over ``params``)."""
+
+    params: dict[str, Param]
+    fixed: list[str]
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any] | None, arguments: Sequence[str],
+              config_loader: Any = None) -> SearchSpace:
+        lines = [f"{key}={Transformer.str(value)}" if not isinstance(value, (str, list))
+                 else f"{key}=choice({','.join(Transformer.str(v) for v in value)})" if isinstance(value, list)
+                 else f"{key}={value}" for key, value in (params or {}).items()]
+        parser = OverridesParser.create(config_loader=config_loader)
+        searched: dict[str, Param] = {}
+        fixed: dict[str, str] = {}
+        for override in parser.parse_overrides([*lines, *arguments]):
+            name = override.key_or_group + (f"@{override.package}" if override.package else "")
+            searched.pop(name, None)
+            fixed.pop(name, None)
+            if override.is_sweep_override():
+                searched[name] = to_param(override)
+            else:
+                fixed[name] = override.input_line or f"{override.get_key_element()}={override.get_value_string()}"
+        return cls(searched, list(fixed.values()))
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {name: p.distribution for name, p in self.params.items()}
+
+    def overrides(self, values: Mapping[str, Any]) -> list[str]:
+        return [*self.fixed, *(p.override(values[name]) for name, p in self.params.items())]
+
+    def grid(self) -> dict[str, list[Any]]:
+        return {name: p.grid_values() for name, p in self.params.items()}
+
+    def digest(self) -> str:
+        """8 hex digits naming this search: the same for the same params and fixed overrides."""
+        text = repr(sorted(self.fixed)) + repr(sorted((n, repr(p.distribution), p.choice_texts)
+                                                     for n, p in self.params.items()))
+        return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def to_param(override: Override) -> Param:
+    """A sweep override -> an Optuna distribution: choice -> categorical, range -> int/float with
+    that step, interval -> float (``tag(log, ...)``: log scale; ``tag(int, ...)``: integers)."""
+    key, sweep = override.get_key_element(), override.value()
+    tags = set(getattr(sweep, "tags", ()) or ())
+    unknown = tags - {"log", "int"}
+    if unknown:
+        raise ValueError(f"{key}: unknown tag(s) {sorted(unknown)}; the sweeper reads 'log' and 'int'")
+    if override.is_choice_sweep():
+        choices = [None if v is None else Transformer.encode(v) for v in override.sweep_iterator()]
+        return Param(key, CategoricalDistribution(choices), list(override.sweep_string_iterator()))
+    if override.is_range_sweep():
+        values = sorted(override.sweep_iterator())
+        if not values:
+            raise ValueError(f"{key}: {override.get_value_string()} is empty")
+        step = abs(sweep.step)
+        if all(isinstance(v, int) for v in values):
+            return Param(key, IntDistribution(values[0], values[-1], log="log" in tags and step == 1,
+                                              step=1 if "log" in tags else step))
+        high = float(Decimal(str(values[0])) + (len(values) - 1) * Decimal(str(step)))
+        return Param(key, FloatDistribution(float(values[0]), high, step=float(step)))
+    if override.is_interval_sweep():
+        low, high, log_scale = sweep.start, sweep.end, "log" in tags
+        if "int" in tags:
+            return Param(key, IntDistribution(int(low), int(high), log=log_scale))
+        return Param(key, FloatDistribution(float(low), float(high), log=log_scale))
+    raise ValueError(f"{key}: {override.get_value_string()} is not a sweep the Optuna sweeper reads")
+
+
+@functools.cache
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """One storage per URL and process (jobs of the basic launcher run in the sweep's process)."""
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else None
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def make_pruner(name: str, args: Mapping[str, Any]) -> optuna.pruners.BasePruner:
+    if name not in PRUNERS:
+        raise ValueError(f"hydra.sweeper.pruner={name!r}; choose one of {sorted(PRUNERS)}")
+    return getattr(optuna.pruners, PRUNERS[name])(**args)
+
+
+def open_trial(storage_url: str, study_name: str, number: int) -> optuna.trial.Trial:
+    """The running trial ``number`` of a study, as a job sees it: reports go to the storage and
+    ``should_prune`` asks the pruner the sweep recorded in the study."""
+    storage = open_storage(storage_url)
+    study_id = storage.get_study_id_from_name(study_name)
+    spec = storage.get_study_user_attrs(study_id).get(PRUNER, {"name": "none", "args": {}})
+    study = optuna.load_study(study_name=study_name, storage=storage, pruner=make_pruner(spec["name"], spec["args"]))
+    return optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
+
+
+def quoted(text: str) -> str:
+    """A string as a single-quoted value of Hydra's override grammar."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class OptunaSweep:
+    """One run of the sweeper: open (or resume) the study, then launch batches until n_trials are done."""
+
+    def __init__(self, options: Mapping[str, Any], config: DictConfig, hydra_context: HydraContext,
+                 launcher: Launcher) -> None:
+        self.options, self.config, self.hydra_context, self.launcher = dict(options), config, hydra_context, launcher
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    def run(self, arguments: list[str]) -> list[JobReturn]:
+        space = SearchSpace.parse(self.options.get("params"), arguments, self.hydra_context.config_loader)
+        if not space.params:
+            raise ValueError("nothing to search: set hydra.sweeper.params (or sweep on the command line, x=1,2)")
+        n_trials = self.options["n_trials"]
+        if self.options["sampler"] == "grid":
+            n_trials = min(n_trials, math.prod(len(v) for v in space.grid().values()))
+        study = self.open_study(space)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+        done = finished(study)
+        log.info(f"Optuna study {study.study_name} in {self.storage_url}: {done} of {n_trials} trials finished "
+                 f"({study.direction.name.lower()} {self.metric or 'the return value'}), "
+                 f"{len(space.params)} params: {', '.join(space.params)}")
+        returns: list[JobReturn] = []
+        while done < n_trials:
+            batch = [study.ask(space.distributions()) for _ in range(min(self.options["n_jobs"], n_trials - done))]
+            for trial in batch:
+                trial.set_user_attr(OWNER, self.owner)
+            try:
+                returns.extend(self.launch(study, space, batch))
+            except BaseException:  # Ctrl-C, a job's sys.exit: let the next run retry these trials
+                self.interrupted(study, [t.number for t in batch])
+                raise
+            done = finished(study)
+            self.write_results(study, n_trials)
+        self.write_results(study, n_trials)
+        return returns
+
+    @property
+    def storage_url(self) -> str:
+        url = self.options.get("storage")
+        if url is None:
+            return f"sqlite:///{(self.sweep_dir.parent / 'optuna.db').resolve()}"
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):  # relative: make it the same for jobs
+            return f"sqlite:///{Path(url.removeprefix('sqlite:///')).resolve()}"
+        return url
+
+    @property
+    def metric(self) -> str | None:
+        return OmegaConf.select(self.config, "monitor.metric", default=None)
+
+    def open_study(self, space: SearchSpace) -> optuna.Study:
+        direction = self.options.get("direction") or {"max": "maximize"}.get(
+            OmegaConf.select(self.config, "monitor.mode", default="min"), "minimize")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"hydra.sweeper.direction={direction!r}; choose minimize or maximize")
+        name = self.options.get("study_name") or (
+            f"{OmegaConf.select(self.config, 'task_name', default=self.config.hydra.job.name)}-{space.digest()}")
+        storage = open_storage(self.storage_url)
+        pruner = make_pruner(self.options["pruner"], self.options.get("pruner_args") or {})
+        study = optuna.create_study(storage=storage, study_name=name, direction=DIRECTIONS[direction],
+                                    load_if_exists=True)
+        study.set_user_attr(PRUNER, {"name": self.options["pruner"], "args": self.options.get("pruner_args") or {}})
+        self.recover_stale_trials(study)
+        return optuna.load_study(study_name=name, storage=storage, pruner=pruner,
+                                 sampler=self.make_sampler(space, n_before=len(study.trials)))
+
+    def make_sampler(self, space: SearchSpace, n_before: int) -> optuna.samplers.BaseSampler:
+        name, args = self.options["sampler"], dict(self.options.get("sampler_args") or {})
+        seed = self.options.get("seed")
+        if seed is not None:
+            args["seed"] = seed + n_before
+        if name == "tpe":
+            return optuna.samplers.TPESampler(**args)
+        if name == "random":
+            return optuna.samplers.RandomSampler(**args)
+        if name == "grid":
+            return optuna.samplers.GridSampler(space.grid(), **args)
+        raise ValueError(f"hydra.sweeper.sampler={name!r}; choose one of {list(SAMPLERS)}")
+
+    def recover_stale_trials(self, study: optuna.Study) -> None:
+        """Trials a killed sweep left RUNNING: mark them failed (not counted) and queue their params
+        again. A trial whose sweep process is still alive on this host is left alone."""
+        stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                 if not alive(t.user_attrs.get(OWNER, ""))]
+        if stale:
+            log.info(f"Retrying {len(stale)} trial(s) an interrupted sweep left running: "
+                     f"{', '.join(str(t.number) for t in stale)}")
+            self.interrupted(study, [t.number for t in stale])
+
+    @staticmethod
+    def interrupted(study: optuna.Study, numbers: list[int]) -> None:
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        numbers = [n for n in numbers if trials[n].state == TrialState.RUNNING]
+        study.set_user_attr(INTERRUPTED, sorted({*study.user_attrs.get(INTERRUPTED, []), *numbers}))
+        for number in numbers:
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            study.enqueue_trial(trials[number].params, user_attrs={"zoo_retry_of": number})
+
+    def launch(self, study: optuna.Study, space: SearchSpace, batch: list[optuna.trial.Trial]) -> list[JobReturn]:
+        """Launch the batch's trials and tell Optuna how each ended."""
+        overrides = []
+        for trial in batch:
+            identity = {STORAGE_ENV: self.storage_url, STUDY_ENV: study.study_name, TRIAL_ENV: str(trial.number)}
+            overrides.append([*space.overrides(trial.params),
+                              *(f"++hydra.job.env_set.{k}={quoted(v)}" for k, v in identity.items())])
+        legal = []
+        for trial, job in zip(batch, overrides, strict=True):
+            try:
+                self.validate_batch_is_legal([job])
+                legal.append((trial, job))
+            except Exception as error:  # e.g. a typed config field refusing a sampled value
+                fail(study, trial, error)
+        returns: list[JobReturn] = []
+        if legal:
+            returns = list(self.launcher.launch([job for _, job in legal], initial_job_idx=legal[0][0].number))
+        for (trial, _), job_return in zip(legal, returns, strict=True):
+            tell(study, trial, job_return)
+        return returns
+
+    def validate_batch_is_legal(self, batch: list[list[str]]) -> None:
+        for overrides in batch:
+            self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+
+    def write_results(self, study: optuna.Study, n_trials: int) -> None:
+        """optimization_results.yaml in the sweep directory: the study, its best trial, counts by state."""
+        trials = study.get_trials(deepcopy=False)
+        counts = {state.name: sum(t.state == state for t in trials) for state in TrialState}
+        results: dict[str, Any] = {"name": "zoo_optuna", "study_name": study.study_name, "storage": self.storage_url,
+                                   "direction": study.direction.name.lower(), "metric": self.metric,
+                                   "n_trials": n_trials, "trials": {k: v for k, v in counts.items() if v}}
+        if counts["COMPLETE"]:
+            best = study.best_trial
+            results.update(best_trial=best.number, best_value=best.value, best_params=best.params)
+        OmegaConf.save(OmegaConf.create(results), self.sweep_dir / "optimization_results.yaml")
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials that count toward n_trials: complete, pruned, or failed by their own error (not by a kill)."""
+    interrupted = set(study.user_attrs.get(INTERRUPTED, []))
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+               or (t.state == TrialState.FAIL and t.number not in interrupted)
+               for t in study.get_trials(deepcopy=False))
+
+
+def tell(study: optuna.Study, trial: optuna.trial.Trial, job: JobReturn) -> None:
+    if job.hydra_cfg is not None:
+        trial.set_user_attr("job_dir", str(job.hydra_cfg.hydra.runtime.output_dir))
+    try:
+        value = job.return_value
+    except optuna.TrialPruned as pruned:
+        log.info(f"Trial {trial.number} pruned: {pruned}")
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    except Exception as error:
+        fail(study, trial, error)
+        return
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        fail(study, trial, ValueError(f"the job returned {value!r}, not the monitored metric"))
+        return
+    study.tell(trial, float(value))
+
+
+def fail(study: optuna.Study, trial: optuna.trial.Trial, error: BaseException) -> None:
+    log.warning(f"Trial {trial.number} failed: {type(error).__name__}: {error}")
+    trial.set_user_attr("error", f"{type(error).__name__}: {error}"[:1000])
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def alive(owner: str) -> bool:
+    """Whether "host:pid" is a live process other than this one, on this host."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

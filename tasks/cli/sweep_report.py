@@ -1,0 +1,297 @@
+"""zoo-sweep-report: a markdown table and one plot per swept parameter for a ``zoo-train -m`` directory.
+
+Reads a grid multirun (each job's ``.hydra/overrides.yaml``, ``config.yaml`` and ``logs/metrics.csv``)
+or an Optuna sweep of ``hydra/sweeper=zoo_optuna`` (``optimization_results.yaml`` names the study,
+whose trials, resumed runs included, are read from its storage). Writes ``sweep_report.md`` and
+``sweep_<param>.png`` into the directory and prints the table::
+
+    zoo-sweep-report outputs/gpt_generator/multiruns/2026-11-29_14-00-00
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+REPORT = "sweep_report.md"
+
+
+class NotASweep(ValueError):
+    """The directory is not the output of ``zoo-train -m``."""
+
+
+@dataclass
+class Trial:
+    """One job of the sweep: its swept values, the monitored metric and how it ended."""
+
+    number: int
+    params: dict[str, Any]
+    value: float | None  # the monitored metric at the end (a pruned trial: its last report)
+    state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING (Optuna); COMPLETE, INCOMPLETE, NO METRIC (grid)
+    best: float | None = None  # the best logged value over the run, from its metrics.csv
+    job_dir: Path | None = None
+
+
+@dataclass
+class Sweep:
+    path: Path
+    kind: str  # "grid" or "optuna"
+    metric: str
+    mode: str  # "min" or "max"
+    trials: list[Trial]
+    fixed: list[str] = field(default_factory=list)  # overrides every job had
+    log_params: set[str] = field(default_factory=set)  # searched on a log scale
+    categorical: set[str] = field(default_factory=set)  # searched as choices (plotted per value, numbers too)
+    header: str = ""
+
+    @property
+    def params(self) -> list[str]:
+        return list(dict.fromkeys(name for t in self.trials for name in t.params))
+
+    def best_trial(self) -> Trial | None:
+        done = [t for t in self.trials if t.state == "COMPLETE" and t.value is not None]
+        if not done:
+            return None
+        return (min if self.mode == "min" else max)(done, key=lambda t: t.value)
+
+
+def read_sweep(path: Path) -> Sweep:
+    if not path.is_dir():
+        raise NotASweep(f"{path} is not a directory")
+    if (path / "optimization_results.yaml").is_file():
+        results = OmegaConf.load(path / "optimization_results.yaml")
+        if "study_name" in results and "storage" in results:
+            return read_optuna(path, results)
+    jobs = job_dirs(path)
+    if not jobs:
+        hint = " (it holds a single run)" if (path / ".hydra").is_dir() else ""
+        raise NotASweep(f"{path} is not a multirun directory: no <job>/.hydra/overrides.yaml and no "
+                        f"optimization_results.yaml{hint}; pass what `zoo-train -m` printed, e.g. "
+                        f"outputs/<task_name>/multiruns/<date>")
+    return read_grid(path, jobs)
+
+
+def job_dirs(path: Path) -> list[Path]:
+    jobs = [d for d in path.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()]
+    return sorted(jobs, key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+
+
+def parse_overrides(lines: Sequence[str]) -> dict[str, tuple[str, Any]]:
+    """override key -> (the override as written, its typed value)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    out = {}
+    for line in lines:
+        override = parser.parse_override(line)
+        value = override.value() if not override.is_sweep_override() else override.get_value_string()
+        out[override.get_key_element()] = (line, value)
+    return out
+
+
+def read_grid(path: Path, jobs: list[Path]) -> Sweep:
+    overrides = {job: parse_overrides(OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml")))
+                 for job in jobs}
+    keys = list(dict.fromkeys(k for o in overrides.values() for k in o))
+    swept = [k for k in keys if len({repr(o.get(k, (None, None))[1]) for o in overrides.values()}) > 1]
+    fixed = [line for k, (line, _) in overrides[jobs[0]].items() if k not in swept]
+    metric, mode = monitor_of(jobs[0])
+    trials = []
+    for i, job in enumerate(jobs):
+        values, steps = logged(job, metric)
+        max_steps = OmegaConf.select(job_config(job), "trainer.max_steps", default=None)
+        finished = bool(steps) and max_steps is not None and max(steps) + 1 >= max_steps
+        state = "NO METRIC" if not values else "COMPLETE" if finished or max_steps is None else "INCOMPLETE"
+        trials.append(Trial(int(job.name) if job.name.isdigit() else i,
+                            {k: overrides[job][k][1] for k in swept if k in overrides[job]},
+                            values[-1] if values else None, state, best_of(values, mode), job))
+    return Sweep(path, "grid", metric, mode, trials, fixed, header=f"grid multirun, {len(jobs)} jobs")
+
+
+def read_optuna(path: Path, results: Any) -> Sweep:
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=results.study_name, storage=str(results.storage))
+    mode = "max" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "min"
+    jobs = job_dirs(path)
+    metric = results.get("metric") or (monitor_of(jobs[0])[0] if jobs else "value")
+    trials, log_params, categorical = [], set(), set()
+    for t in study.get_trials(deepcopy=False):
+        job = Path(t.user_attrs["job_dir"]) if "job_dir" in t.user_attrs else None
+        values = logged(job, metric)[0] if job is not None and job.is_dir() else []
+        trials.append(Trial(t.number, dict(t.params), t.value if t.value is not None else
+                            (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None),
+                            t.state.name, best_of(values, mode), job))
+        log_params |= {n for n, d in t.distributions.items()
+                       if isinstance(d, (FloatDistribution, IntDistribution)) and d.log}
+        categorical |= {n for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}
+    fixed = []
+    if jobs:
+        common = [parse_overrides(OmegaConf.to_container(OmegaConf.load(j / ".hydra" / "overrides.yaml")))
+                  for j in jobs]
+        searched = {n for t in trials for n in t.params}
+        fixed = [line for k, (line, _) in common[0].items()
+                 if k not in searched and all(c.get(k, (None,))[0] == line for c in common)]
+    counts = ", ".join(f"{sum(t.state == s for t in trials)} {s}" for s in dict.fromkeys(t.state for t in trials))
+    header = (f"Optuna study `{study.study_name}` ({results.storage}), {study.direction.name.lower()} {metric}, "
+              f"{len(trials)} trials: {counts}")
+    return Sweep(path, "optuna", metric, mode, trials, fixed, log_params, categorical, header)
+
+
+def job_config(job: Path) -> Any:
+    for name in ("config.yaml", ".hydra/config.yaml"):
+        if (job / name).is_file():
+            return OmegaConf.load(job / name)
+    return OmegaConf.create()
+
+
+def monitor_of(job: Path) -> tuple[str, str]:
+    cfg = job_config(job)
+    return (OmegaConf.select(cfg, "monitor.metric", default="val/loss"),
+            OmegaConf.select(cfg, "monitor.mode", default="min"))
+
+
+def logged(job: Path, metric: str) -> tuple[list[float], list[int]]:
+    """The metric's values over a run, and the steps logged, from its CSV logs."""
+    values, steps = [], []
+    for path in sorted(job.glob("logs/**/metrics.csv")):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if row.get("step"):
+                    steps.append(int(float(row["step"])))
+                if row.get(metric):
+                    values.append(float(row[metric]))
+    return values, steps
+
+
+def best_of(values: list[float], mode: str) -> float | None:
+    finite = [v for v in values if not math.isnan(v)]
+    return (min if mode == "min" else max)(finite) if finite else None
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown(sweep: Sweep) -> str:
+    better = "lower" if sweep.mode == "min" else "higher"
+    lines = [f"# Sweep report: {sweep.path}", "", f"{sweep.header}; {sweep.metric}: {better} is better."]
+    best = sweep.best_trial()
+    if best is not None:
+        lines.append(f"Best: trial {best.number}, {sweep.metric} = {best.value:.4g} "
+                     f"({', '.join(f'{k}={fmt(v)}' for k, v in best.params.items())}).")
+    if sweep.fixed:
+        lines.append("Fixed overrides: " + " ".join(f"`{o}`" for o in sweep.fixed))
+    params = sweep.params
+    head = ["trial", "state", sweep.metric, f"best {sweep.metric}", *params, "run dir"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---", "---:", "---:"]
+                                                              + ["---"] * len(params) + ["---"]) + "|"]
+    for t in sweep.trials:
+        mark = " ★" if t is best else ""
+        job = "" if t.job_dir is None else (t.job_dir.name if t.job_dir.parent == sweep.path else str(t.job_dir))
+        row = [f"{t.number}{mark}", t.state, fmt(t.value), fmt(t.best), *(fmt(t.params.get(p)) for p in params), job]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
+    """One PNG per swept parameter: the metric against it. Numbers on a linear or (log-searched or
+    spanning two decades) log axis; other values as a box and jittered points per value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name in sweep.params:
+        shown = [t for t in sweep.trials if name in t.params and t.value is not None and not math.isnan(t.value)]
+        if not shown:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+        values = [t.params[name] for t in shown]
+        numeric = name not in sweep.categorical and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                        for v in values)
+        if numeric:
+            xs = [float(v) for v in values]
+        else:
+            categories = sorted({str(v) for v in values}, key=lambda c: (not _is_number(c), _number(c), c))
+            position = {c: i for i, c in enumerate(categories)}
+            groups = [[t.value for t in shown if str(t.params[name]) == c] for c in categories]
+            ax.boxplot(groups, positions=range(len(categories)), widths=0.5, showfliers=False)
+            ax.set_xticks(range(len(categories)), categories)
+            jitter = [((t.number * 0.618) % 1 - 0.5) * 0.25 for t in shown]
+            xs = [position[str(v)] + j for v, j in zip(values, jitter, strict=True)]
+        for state, style in (("COMPLETE", {"color": "tab:blue", "label": "complete"}),
+                             ("PRUNED", {"facecolors": "none", "edgecolors": "tab:orange",
+                                         "label": "pruned (last report)"}),
+                             ("INCOMPLETE", {"facecolors": "none", "edgecolors": "tab:gray", "label": "incomplete"})):
+            pts = [(x, t.value) for x, t in zip(xs, shown, strict=True) if t.state == state]
+            if pts:
+                ax.scatter(*zip(*pts, strict=True), s=36, zorder=3, **style)
+        best = sweep.best_trial()
+        if best is not None and best in shown:
+            ax.scatter([xs[shown.index(best)]], [best.value], marker="*", s=220, color="tab:red", zorder=4,
+                       label=f"best (trial {best.number})")
+        if numeric and (name in sweep.log_params or (min(xs) > 0 and max(xs) / min(xs) >= 100)):
+            ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel(f"{sweep.metric} ({'lower' if sweep.mode == 'min' else 'higher'} is better)")
+        ax.set_title(f"{sweep.metric} vs {name} ({len(shown)} trials)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"sweep_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name.lstrip('+'))}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _number(text: str) -> float:
+    return float(text) if _is_number(text) else 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="zoo-sweep-report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="a `zoo-train -m` directory (outputs/<task>/multiruns/<date>)")
+    parser.add_argument("--no-plots", action="store_true", help="write the table only")
+    args = parser.parse_args(argv)
+    try:
+        sweep = read_sweep(args.sweep_dir)
+    except NotASweep as error:
+        print(f"zoo-sweep-report: {error}", file=sys.stderr)
+        sys.exit(2)
+    text = markdown(sweep)
+    plots = [] if args.no_plots else plot(sweep, args.sweep_dir)
+    if plots:
+        text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    (args.sweep_dir / REPORT).write_text(text)
+    print(text)
+    print(f"written: {args.sweep_dir / REPORT}" + "".join(f", {p.name}" for p in plots))
+
+
+if __name__ == "__main__":
+    main()
