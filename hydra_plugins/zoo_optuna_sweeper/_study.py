@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successive_halving": "SuccessiveHalvingPruner",
-           "hyperband": "HyperbandPruner", "none": "NopPruner"}
+           "hyperband": "HyperbandPruner", "threshold": "ThresholdPruner", "none": "NopPruner"}
 DIRECTIONS = {"minimize": "minimize", "min": "minimize", "maximize": "maximize", "max": "maximize"}
 INTERRUPTED = "zoo_interrupted"  # study attribute: numbers of trials a killed sweep left behind (not counted)
 OWNER = "zoo_sweeper"  # trial attribute: "host:pid" of the sweep process that asked for it

@@ -47,8 +47,8 @@ class ZooOptunaSweeperConf:
         seed: sampler seed; a resumed sweep uses seed + the number of trials already in the study,
             so it does not replay the first trials' draws.
         sampler_args: further keyword arguments of the Optuna sampler (e.g. ``n_startup_trials``).
-        pruner: ``median``, ``percentile``, ``successive_halving``, ``hyperband`` or ``none``;
-            applied to the monitored metric the jobs report after each validation.
+        pruner: ``median``, ``percentile``, ``successive_halving``, ``hyperband``, ``threshold`` or
+            ``none``; applied to the monitored metric the jobs report after each validation.
         pruner_args: keyword arguments of the Optuna pruner (e.g. ``n_warmup_steps``, in optimizer steps).
         study_name: null: ``<task_name>-<8 hex digits of the search>``, the same for the same command,
             different when the search space or fixed overrides change.

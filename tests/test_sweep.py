@@ -1,0 +1,199 @@
+"""Optuna sweeps (hydra/sweeper=zoo_optuna): the params syntax, a real sweep killed and resumed,
+pruning from validation metrics, the hparams_search configs, and zoo-sweep-report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from hydra_plugins.zoo_optuna_sweeper._study import INTERRUPTED, SearchSpace
+from tasks.cli import sweep_report
+from tasks.cli.common import conf_dir, register_model_schema
+
+register_model_schema()
+
+# the gpt_generator experiment at seconds a trial (as in test_tasks.py), without progress bars
+TINY = ["experiment=gpt_generator", "data.source_args.max_files=40", "data.vocab_size=300", "data.seq_len=32",
+        "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=6",
+        "trainer.val_check_interval=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+        "trainer.num_sanity_val_steps=0", "test=false", "task.sample_tokens=4", "callbacks.rich_progress_bar=null",
+        "callbacks.rich_model_summary=null", "callbacks.throughput=null"]
+SEARCH = ["hparams_search=gpt_generator_optuna", "hydra.sweeper.params={optimizer.lr:'tag(log, interval(1e-4, 1e-2))',"
+          "optimizer.warmup_steps:'choice(0, 2)'}", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler=random",
+          "hydra.sweeper.pruner=none"]
+
+
+def test_params_syntax_becomes_optuna_distributions():
+    params = {"optimizer.lr": "tag(log, interval(1e-4, 1e-2))", "model.n_layers": "range(1, 4)",
+              "model/position": "choice(rope, alibi)", "model.d_model": [32, 64], "model.dropout": "interval(0, 0.2)",
+              "+extra": "tag(int, interval(1, 8))", "data.fraction": "range(0.1, 0.5, 0.1)",
+              "trainer.max_steps": 5, "seed": "choice(1, 2)"}
+    space = SearchSpace.parse(params, ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'",
+                                       "optimizer.warmup_steps=0,10"])
+    dists = space.distributions()
+    assert dists["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
+    assert dists["model.n_layers"] == IntDistribution(1, 3)  # range's stop is exclusive, Optuna's high is not
+    assert dists["model/position"] == CategoricalDistribution(["rope", "alibi"])
+    assert dists["model.d_model"] == CategoricalDistribution([32, 64])  # a YAML list is a choice
+    assert dists["model.dropout"] == FloatDistribution(0.0, 0.2)
+    assert dists["extra"] == IntDistribution(1, 8)  # named by its key, overridden as +extra
+    assert dists["data.fraction"].step == pytest.approx(0.1) and dists["data.fraction"].high == pytest.approx(0.4)
+    assert dists["optimizer.warmup_steps"] == CategoricalDistribution([0, 10])  # a command-line sweep joins
+    assert "seed" not in dists  # a fixed command-line value wins over a searched param
+    assert space.fixed == ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'"]
+
+    values = {"optimizer.lr": 3.1e-4, "model.n_layers": 2, "model/position": "alibi", "model.d_model": 64,
+              "model.dropout": 0.1, "extra": 5, "data.fraction": 0.2, "optimizer.warmup_steps": 10}
+    overrides = OverridesParser.create().parse_overrides(space.overrides(values))
+    parsed = {o.key_or_group: o.value() for o in overrides}
+    assert values.items() <= parsed.items()  # every value survives the trip
+    assert [o.get_key_element() for o in overrides if o.key_or_group == "extra"] == ["+extra"]
+
+    grid = SearchSpace.parse({"a": "range(1, 4)", "b": "choice(x, y)"}, []).grid()
+    assert grid == {"a": [1, 2, 3], "b": ["x", "y"]}
+    with pytest.raises(ValueError, match="continuous interval"):
+        SearchSpace.parse({"a": "interval(0, 1)"}, []).grid()
+    with pytest.raises(ValueError, match="unknown tag"):
+        SearchSpace.parse({"a": "tag(loge, interval(0, 1))"}, [])
+    same, other = SearchSpace.parse(params, []), SearchSpace.parse({**params, "model.d_model": [32, 128]}, [])
+    assert same.digest() == SearchSpace.parse(params, []).digest() != other.digest()  # names the study
+
+
+@pytest.mark.parametrize("experiment", ["gpt_generator", "bert_classifier", "bert_mlm", "t5_translator"])
+def test_each_experiment_has_a_search_that_composes(experiment):
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={experiment}", f"hparams_search={experiment}_optuna"],
+                      return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("zoo_optuna_sweeper.sweeper.ZooOptunaSweeper")
+    assert sweeper.seed == cfg.seed and sweeper.direction is None  # direction follows monitor.mode
+    space = SearchSpace.parse(sweeper.params, [])
+    assert "optimizer.lr" in space.params and space.params["optimizer.lr"].distribution.log
+    assert len(space.params) >= 5
+
+
+def test_plugin_module_imports_no_optuna():
+    """Hydra imports every plugin module at each start of zoo-train: it must stay light."""
+    probe = "import sys, hydra_plugins.zoo_optuna_sweeper.sweeper; print('optuna' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_the_report_refuses_a_directory_that_is_not_a_sweep(tmp_path, capsys):
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    for path in (tmp_path / "run", tmp_path / "missing"):
+        with pytest.raises(SystemExit) as exit_:
+            sweep_report.main([str(path)])
+        assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not a multirun directory" in err and "single run" in err and "is not a directory" in err
+
+
+def _zoo_train(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen([sys.executable, "-m", "tasks.cli.train", "-m", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def _in_process(args: list[str], monkeypatch) -> None:
+    """zoo-train -m in this process (saves the start-up of a new one)."""
+    from tasks.cli import train
+
+    monkeypatch.setattr(sys, "argv", ["zoo-train", "-m", *args])
+    train.main()
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> tuple[Path, optuna.Study, int]:
+    """A 3-trial sweep killed during its second trial, then the same command run again."""
+    root = tmp_path_factory.mktemp("optuna")
+    storage = f"sqlite:///{root / 'optuna.db'}"
+    args = [*TINY, *SEARCH, f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=resume"]
+    first = _zoo_train([*args, f"hydra.sweep.dir={root / 'first'}"], root, start_new_session=True)
+    killed = None
+    try:
+        deadline = time.time() + 300
+        while killed is None and time.time() < deadline and first.poll() is None:
+            time.sleep(0.5)
+            try:
+                trials = optuna.load_study(study_name="resume", storage=storage).get_trials(deepcopy=False)
+            except (KeyError, Exception):  # the study or its tables do not exist yet
+                continue
+            if any(t.state == TrialState.COMPLETE for t in trials):
+                running = [t.number for t in trials if t.state == TrialState.RUNNING]
+                killed = running[0] if running else None
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        output = first.communicate()[0]
+    assert killed is not None, f"no trial was running after a complete one:\n{output[-3000:]}"
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(root)
+        _in_process([*args, f"hydra.sweep.dir={root / 'second'}"], monkeypatch)
+    return root, optuna.load_study(study_name="resume", storage=storage), killed
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_where_it_stopped(resumed):
+    root, study, killed = resumed
+    trials = study.get_trials()
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 3  # n_trials, counted across both runs
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert trials[killed].state == TrialState.FAIL and study.user_attrs[INTERRUPTED] == [killed]
+    retry = [t for t in trials if t.user_attrs.get("zoo_retry_of") == killed]
+    assert len(retry) == 1 and retry[0].params == trials[killed].params and retry[0].state == TrialState.COMPLETE
+    assert len({tuple(sorted(t.params.items())) for t in complete}) == 3  # no trial ran twice
+    assert all(isinstance(t.value, float) for t in complete)
+    # each job's directory is named by its trial number, in the sweep directory of the run that ran it
+    for t in complete:
+        assert Path(t.user_attrs["job_dir"]).name == str(t.number)
+        assert (Path(t.user_attrs["job_dir"]) / "logs" / "metrics.csv").is_file()
+    assert {Path(t.user_attrs["job_dir"]).parent.name for t in complete} == {"first", "second"}
+
+
+@pytest.mark.slow
+def test_report_on_an_optuna_sweep(resumed, capsys):
+    root, study, killed = resumed
+    sweep_report.main([str(root / "second")])
+    table = (root / "second" / "sweep_report.md").read_text()
+    assert table in capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| trial")]
+    assert len(rows) == len(study.trials)  # the whole study, the killed run's trials included
+    assert f"| {killed} | FAIL |" in table and "★" in table and "optimizer.lr" in table
+    best = study.best_trial
+    assert f"| {best.number} ★ | COMPLETE | {best.value:.4g} |" in table
+    for name in ("optimizer.lr", "optimizer.warmup_steps"):
+        png = root / "second" / f"sweep_{name}.png"
+        assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_pruning_stops_trials_from_their_validation_metric(tmp_path, monkeypatch):
+    """A threshold pruner that no loss passes: every trial stops at its first validation, PRUNED."""
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _in_process([*TINY, *SEARCH, "hydra.sweeper.n_trials=2", "hydra.sweeper.pruner=threshold",
+                 "hydra.sweeper.pruner_args={upper:0.0}", f"hydra.sweeper.storage={storage}",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]
+    for trial in study.trials:
+        assert list(trial.intermediate_values) == [3]  # reported at the first validation (step 3 of 6), not later
+        job = Path(trial.user_attrs["job_dir"])
+        steps = [line.split(",")[1] for line in (job / "logs" / "metrics.csv").read_text().splitlines()[1:]]
+        assert max(int(s) for s in steps if s) < 5  # stopped before the last step
+        assert not (job / "checkpoints" / "on_exception.ckpt").exists()  # a pruned trial is no crash
+    results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+    assert "PRUNED: 2" in results and "best_value" not in results
