@@ -109,11 +109,13 @@ def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs
     if config.position == "learned" and config.max_seq_len:
         limit = min(limit, config.max_seq_len)  # the position table ends there
     ids = tokenizer.encode(str(cfg.text)).ids
-    if config.arch == "encoder_decoder" and config.eos_token_id is not None:
-        ids = ids + [config.eos_token_id]  # the source ends with </s>, as in TranslationDataModule
     if not ids:
         raise ValueError(f"text={cfg.text!r} gives no tokens")
     inputs = Inputs(ids=ids[:limit])
+    if config.arch == "encoder_decoder" and config.eos_token_id is not None:
+        # the source ends with </s>, also when cut, as in TranslationDataModule
+        inputs.ids = ids[: limit - 1] + [config.eos_token_id]
+        ids = ids + [config.eos_token_id]
     if len(ids) > limit:
         inputs.notes.append(f"text cut to its first {limit} of {len(ids)} tokens (max_tokens)")
     if config.arch != "encoder_decoder":
