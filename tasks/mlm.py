@@ -29,11 +29,14 @@ class MLMTask(ZooTask):
             raise zoo.ConfigError("the mlm task needs the masked-LM head: set model.mlm_head=true")
 
     def step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
-        hidden = self.model(batch["input_ids"], batch["attention_mask"])
-        logits = self.model.mlm_logits(hidden)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+        hidden = self.model(batch["input_ids"], batch["attention_mask"])  # (B, T, D)
+        chosen = batch["labels"] != -100  # (B, T): ~15% of the tokens
+        # the head (dense, norm, vocabulary projection) runs on the chosen positions only
+        logits = self.model.mlm_logits(hidden[chosen])  # (N, V)
+        labels = batch["labels"][chosen]  # (N,)
+        loss = F.cross_entropy(logits.float(), labels)
         acc = getattr(self, f"{stage}_acc")
-        acc.update(logits.argmax(-1), batch["labels"])
+        acc.update(logits.argmax(-1), labels)
         self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train")
         self.log(f"{stage}/masked_acc", acc, prog_bar=stage == "val")
         return loss

@@ -72,7 +72,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
         self.dropout = dropout
-        self.kernel = kernel
+        self.kernel = kernel  # resolved to its function once, here and whenever it is reassigned
         self.cross = cross
         q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
         if cross:
@@ -82,6 +82,15 @@ class Attention(nn.Module):
             self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=qkv_bias)
         self.out = nn.Linear(q_dim, d_model, bias=out_bias)
         self.probe = nn.Identity()
+
+    @property
+    def kernel(self) -> str:
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, name: str) -> None:
+        self._kernel_fn: Kernel = ATTENTION.get(name, field="attention")
+        self._kernel = name
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, cross: bool = False) -> Attention:
@@ -118,7 +127,7 @@ class Attention(nn.Module):
         mask = inputs.mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
-        y = ATTENTION.get(self.kernel, field="attention")(
+        y = self._kernel_fn(
             q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, probe=self.probe)  # (B, H, Tq, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, q_dim))

@@ -81,9 +81,9 @@ class Stack(nn.Module):
         if self.position.max_len is not None and past + T > self.position.max_len:
             raise ValueError(f"sequence of {past + T} positions exceeds max_seq_len={self.position.max_len} "
                              "of the learned position table")
-        pos = torch.arange(past, past + T, device=x.device)  # (T,) absolute query positions
+        q_pos = torch.arange(past, past + T, device=x.device)  # (T,) absolute query positions
         if position_ids is None:
-            position_ids = pos
+            position_ids = q_pos
         pe = self.position.embed(position_ids)
         if pe is not None:
             x = x + pe.to(x.dtype)
@@ -91,7 +91,7 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.drop(x)
 
-        inputs = self._self_attention_inputs(past, T, x.device, padding_mask, prefix_len)
+        inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len)
         inputs.rotary = self.position.rotary(position_ids)
         memory_inputs = None
         if self.blocks and self.blocks[0].cross_attn is not None:
@@ -101,22 +101,24 @@ class Stack(nn.Module):
             x = block(x, inputs, cache=cache, layer=i, memory=memory, memory_inputs=memory_inputs)
         return x if self.final_norm is None else self.final_norm(x)
 
-    def _self_attention_inputs(self, past: int, T: int, device: torch.device, padding_mask: Tensor | None,
+    def _self_attention_inputs(self, past: int, q_pos: Tensor, padding_mask: Tensor | None,
                                prefix_len: int | Tensor | None) -> AttentionInputs:
-        q_pos = torch.arange(past, past + T, device=device)  # (T,)
-        k_pos = torch.arange(past + T, device=device)  # (P+T,)
-        bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
+        """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
+        form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf."""
+        T = q_pos.shape[0]
         keep = _padding(padding_mask)  # (B, P+T) or None
-        if bias is None and keep is None and self.mask.kernel_causal:  # no mask tensor needed
+        if keep is None and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:
                 return AttentionInputs()  # one new query may see every key so far
             if past == 0:
                 return AttentionInputs(is_causal=True)
+        k_pos = torch.arange(past + T, device=q_pos.device)  # (P+T,)
+        bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
         allowed = self.mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
         if allowed is None:
             if bias is None and keep is None:
                 return AttentionInputs()
-            allowed = torch.ones(T, past + T, dtype=torch.bool, device=device)
+            allowed = torch.ones(T, past + T, dtype=torch.bool, device=q_pos.device)
         if keep is not None:
             # a padded query keeps its own key, so no row is empty (its output is never used)
             allowed = (allowed & keep[:, None, None, :]) | (k_pos[None, :] == q_pos[:, None])

@@ -36,29 +36,36 @@ def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.devic
 
 
 class _DecoderSteps:
-    """Next-token logits for a decoder-only model, one step at a time."""
+    """Next-token logits for a decoder-only model, one step at a time.
+
+    An unpadded batch passes neither mask nor positions, so the stack takes its fast paths (no mask
+    tensor, positions from the cache length); only the last position goes through the LM head.
+    """
 
     def __init__(self, model, ids: Tensor, mask: Tensor, use_cache: bool, max_new: int) -> None:
         self.model, self.use_cache = model, use_cache
         self.ids, self.mask = ids, mask
+        self.padded = not bool(mask.all())
         self.prefix_len = ids.shape[1] if model.config.self_mask == "prefix" else None
         self.cache: Cache | None = model.new_cache(ids.shape[1] + max_new) if use_cache else None
 
-    def positions(self) -> Tensor:
-        return (self.mask.cumsum(-1) - 1).clamp(min=0)  # (B, T) counted over real tokens
+    def _logits(self, ids: Tensor, positions: Tensor | None) -> Tensor:
+        hidden = self.model.features(ids, self.mask if self.padded else None, position_ids=positions,
+                                     prefix_len=self.prefix_len, cache=self.cache)  # (B, T, D)
+        return self.model.logits(hidden[:, -1])  # (B, V)
 
     def first(self) -> Tensor:
-        return self.model(self.ids, self.mask, position_ids=self.positions(), prefix_len=self.prefix_len,
-                          cache=self.cache)[:, -1]
+        positions = (self.mask.cumsum(-1) - 1).clamp(min=0) if self.padded else None  # (B, T) over real tokens
+        return self._logits(self.ids, positions)
 
     def next(self, token: Tensor) -> Tensor:
         self.ids = torch.cat([self.ids, token[:, None]], dim=1)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), 1)], dim=1)
+        if self.padded:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), 1)], dim=1)
         if not self.use_cache:
             return self.first()
-        pos = self.positions()[:, -1:]
-        return self.model(token[:, None], self.mask, position_ids=pos, prefix_len=self.prefix_len,
-                          cache=self.cache)[:, -1]
+        positions = self.mask.sum(-1, keepdim=True) - 1 if self.padded else None  # (B, 1)
+        return self._logits(token[:, None], positions)
 
     def reorder(self, index: Tensor) -> None:
         self.ids, self.mask = self.ids[index], self.mask[index]
@@ -74,23 +81,27 @@ class _EncoderDecoderSteps:
 
     def __init__(self, model, src: Tensor, src_mask: Tensor, use_cache: bool, max_new: int) -> None:
         self.model, self.use_cache = model, use_cache
-        self.src_mask = src_mask
-        self.memory = model.encode(src, src_mask)  # (B, S, D)
+        self.src_mask = None if bool(src_mask.all()) else src_mask  # None: no padding to mask at any step
+        self.memory = model.encode(src, self.src_mask)  # (B, S, D)
         start = model.config.decoder_start_token_id
         self.ids = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         self.cache: Cache | None = model.new_cache(max_new + 1) if use_cache else None
 
+    def _logits(self, ids: Tensor) -> Tensor:
+        hidden = self.model.decoder_features(ids, self.memory, self.src_mask, cache=self.cache)  # (B, T, D)
+        return self.model.logits(hidden[:, -1])  # (B, V)
+
     def first(self) -> Tensor:
-        return self.model.decode(self.ids, self.memory, self.src_mask, cache=self.cache)[:, -1]
+        return self._logits(self.ids)
 
     def next(self, token: Tensor) -> Tensor:
         self.ids = torch.cat([self.ids, token[:, None]], dim=1)
-        if not self.use_cache:
-            return self.first()
-        return self.model.decode(token[:, None], self.memory, self.src_mask, cache=self.cache)[:, -1]
+        return self._logits(token[:, None] if self.use_cache else self.ids)
 
     def reorder(self, index: Tensor) -> None:
-        self.ids, self.memory, self.src_mask = self.ids[index], self.memory[index], self.src_mask[index]
+        self.ids, self.memory = self.ids[index], self.memory[index]
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask[index]
         if self.cache is not None:
             self.cache.reorder(index)
 
@@ -177,7 +188,7 @@ def _sample(steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, 
         token = token.masked_fill(done, pad)
         if eos is not None:
             done |= token == eos
-        if step == max_new - 1 or bool(done.all()):
+        if step == max_new - 1 or (eos is not None and bool(done.all())):
             steps.ids = torch.cat([steps.ids, token[:, None]], dim=1)
             break
         logits = steps.next(token)

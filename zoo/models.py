@@ -157,12 +157,17 @@ class EncoderDecoderModel(ZooModel):
         """Source (B, S) -> memory (B, S, D)."""
         return self.encoder(self.embed(input_ids), padding_mask=attention_mask, prefix_len=prefix_len)
 
+    def decoder_features(self, decoder_input_ids: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
+                         decoder_attention_mask: Tensor | None = None, cache: Cache | None = None) -> Tensor:
+        """Target prefix (B, T) and memory (B, S, D) -> final decoder hidden states (B, T, D)."""
+        return self.decoder(self.embed(decoder_input_ids), padding_mask=decoder_attention_mask, cache=cache,
+                            memory=memory, memory_mask=memory_mask)
+
     def decode(self, decoder_input_ids: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
                decoder_attention_mask: Tensor | None = None, cache: Cache | None = None) -> Tensor:
         """Target prefix (B, T) and memory (B, S, D) -> next-token logits (B, T, V)."""
-        hidden = self.decoder(self.embed(decoder_input_ids), padding_mask=decoder_attention_mask, cache=cache,
-                              memory=memory, memory_mask=memory_mask)
-        return self.logits(hidden)
+        return self.logits(self.decoder_features(decoder_input_ids, memory, memory_mask,
+                                                 decoder_attention_mask=decoder_attention_mask, cache=cache))
 
     def forward(self, input_ids: Tensor, decoder_input_ids: Tensor, attention_mask: Tensor | None = None,
                 decoder_attention_mask: Tensor | None = None) -> Tensor:

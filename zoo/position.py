@@ -25,6 +25,11 @@ from zoo.registry import POSITION
 class Position(nn.Module):
     max_len: int | None = None  # longest sequence the encoding can represent (None: unbounded)
 
+    @property
+    def has_bias(self) -> bool:
+        """Whether ``bias`` is overridden (the stack then builds a float mask for every forward)."""
+        return type(self).bias is not Position.bias
+
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Position:
         return cls()

@@ -3,7 +3,9 @@
 Both sides get the same weights (the HF model is built at random and converted with
 ``zoo.from_hf``), the same batch, the same precision and no dropout; runs alternate (zoo, HF, HF,
 zoo, ...) so that drift on a shared machine hits both. Reported: median tokens/s, the spread
-(min..max over rounds) and the ratio zoo/HF of the medians.
+(min..max over rounds) and the ratio zoo/HF of the medians. Each side does what it does when it
+trains: zoo's mlm task runs BERT's MLM head on the masked positions only, HF's
+``BertForMaskedLM`` on every position.
 
     zoo-bench                      # everything (about 15 minutes on 2 CPU cores)
     zoo-bench --only train --families gpt2 llama --rounds 3
@@ -88,7 +90,8 @@ def train_steps(family: str, hf, ours, batch: int, length: int) -> tuple[Callabl
     elif family == "bert":
         labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
         hf_loss = lambda: hf(input_ids=ids, labels=labels).loss
-        zoo_loss = lambda: F.cross_entropy(ours.mlm_logits(ours(ids)).flatten(0, 1).float(), labels.flatten())
+        chosen = labels != -100  # zoo's mlm task runs the head on the masked positions only, as here
+        zoo_loss = lambda: F.cross_entropy(ours.mlm_logits(ours(ids)[chosen]).float(), labels[chosen])
     else:
         target = ids[:, : length // 2].contiguous()
         dec = torch.cat([torch.zeros_like(target[:, :1]), target[:, :-1]], dim=1)
@@ -107,12 +110,13 @@ def train_steps(family: str, hf, ours, batch: int, length: int) -> tuple[Callabl
 
 
 def alternate(zoo_fn: Callable[[], None], hf_fn: Callable[[], None], tokens: int, rounds: int, steps: int,
-              autocast: bool) -> tuple[list[float], list[float]]:
+              autocast: bool, warmup: int = 1) -> tuple[list[float], list[float]]:
     """tokens/s of each side over ``rounds`` rounds of ``steps`` calls, in alternating order."""
     zoo_rates, hf_rates = [], []
-    for fn in (zoo_fn, hf_fn):  # warm-up: first-call allocations, lazy inits
+    for fn in (zoo_fn, hf_fn):  # warm-up: first-call allocations, lazy inits, compilation
         with _maybe_autocast(autocast):
-            fn()
+            for _ in range(warmup):
+                fn()
     for r in range(rounds):
         order = [(zoo_fn, zoo_rates), (hf_fn, hf_rates)]
         for fn, rates in order if r % 2 == 0 else order[::-1]:
@@ -139,11 +143,15 @@ def bench_training(args: argparse.Namespace) -> list[Result]:
         torch.manual_seed(0)
         hf = hf_model(family, layers=args.layers, d=args.d_model, heads=args.heads, vocab=args.vocab, ctx=1024).train()
         ours = zoo.from_hf(hf).train()
+        if args.compile:  # both sides, in place (torch.compile's default inductor backend)
+            hf.compile()
+            ours.compile()
         zoo_fn, hf_fn = train_steps(family, hf, ours, args.batch, args.length)
         for precision in args.precisions:
             zoo_rates, hf_rates = alternate(zoo_fn, hf_fn, args.batch * args.length, args.rounds, args.steps,
-                                            autocast=precision == "bf16")
-            results.append(summarize(f"train {family} {precision}", zoo_rates, hf_rates))
+                                            autocast=precision == "bf16", warmup=2 if args.compile else 1)
+            name = f"train {family} {precision}" + (" compiled" if args.compile else "")
+            results.append(summarize(name, zoo_rates, hf_rates))
             _report(results[-1])
         del hf, ours
     return results
@@ -238,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per comparison")
     parser.add_argument("--steps", type=int, default=2, help="training steps per round")
     parser.add_argument("--new-tokens", type=int, default=200)
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models for the training runs")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", default="bench.json", help="where to write the results")
     args = parser.parse_args(argv)
