@@ -194,6 +194,7 @@ def test_zoo_attention_translates_when_no_target_is_given_and_cuts_long_texts(tm
     summary = report(tmp_path / "out", f"model_dir={folder}", "text=three hundred and twelve " * 4,
                      "max_tokens=6", "max_new_tokens=3", "plots=false")
     assert not list((tmp_path / "out").glob("*.png")) and len(heads_table(tmp_path / "out")) == 24
+    assert summary["files"] == ["heads.md", "summary.json"]
     assert len(summary["tokens"]) == 6 and 1 < len(summary["target_tokens"]) <= 4
     assert any("greedy translation" in n for n in summary["notes"])
     assert any("cut to its first 6" in n for n in summary["notes"])
@@ -239,7 +240,7 @@ def test_real_command_on_a_checkpoint(tmp_path):
                           "text=def add(a, b): return a + b", f"hydra.run.dir={tmp_path / 'out'}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert f"wrote 4 files to {tmp_path / 'out'}" in run.stdout
+    assert f"wrote 5 files to {tmp_path / 'out'}" in run.stdout  # 2 layers, 1 rollout, heads.md, summary.json
     assert len(heads_table(tmp_path / "out")) == 8
     summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
     assert "".join(summary["tokens"]).replace("␣", " ") == "def add(a, b): return a + b"  # one label per token

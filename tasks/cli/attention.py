@@ -315,6 +315,7 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     for n in inputs.notes:
         console.print(f"note: {n}")
     console.print(f"{len(rows)} heads: " + ", ".join(f"{n} {flag}" for flag, n in counts.items()))
+    written.append(out / "summary.json")
     summary = {"files": [p.name for p in written], "heads": len(rows), "flags": counts,
                "tokens": src_labels, "target_tokens": tgt_labels, "notes": inputs.notes}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
