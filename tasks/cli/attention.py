@@ -200,7 +200,7 @@ def plot_layer(path: Path, probs: Tensor, title: str, q_labels: list[str], k_lab
                           aspect="auto")
         row = rows[h]
         flags = f" [{', '.join(row.flags)}]" if row.flags else ""
-        ax.set_title(f"head {h}: normalised entropy {row.stats.norm_entropy.item():.2f}{flags}", fontsize=10)
+        ax.set_title(f"head {h}{flags}\nnormalised entropy {row.stats.norm_entropy.item():.2f}", fontsize=9)
         ax.set_xticks(range(Tk), k_labels, rotation=90, fontsize=_tick_size(Tk, width))
         ax.set_yticks(range(Tq), q_labels, fontsize=_tick_size(Tq, height))
         ax.tick_params(length=0)
