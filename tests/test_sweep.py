@@ -29,9 +29,8 @@ TINY = ["experiment=gpt_generator", "data.source_args.max_files=40", "data.vocab
         "trainer.val_check_interval=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
         "trainer.num_sanity_val_steps=0", "test=false", "task.sample_tokens=4", "callbacks.rich_progress_bar=null",
         "callbacks.rich_model_summary=null", "callbacks.throughput=null"]
-SEARCH = ["hparams_search=gpt_generator_optuna", "hydra.sweeper.params={optimizer.lr:'tag(log, interval(1e-4, 1e-2))',"
-          "optimizer.warmup_steps:'choice(0, 2)'}", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler=random",
-          "hydra.sweeper.pruner=none"]
+SEARCH = ["hydra/sweeper=zoo_optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
+          "optimizer.warmup_steps=choice(0, 2)", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=0"]
 
 
 def test_params_syntax_becomes_optuna_distributions():
@@ -119,7 +118,8 @@ def resumed(tmp_path_factory) -> tuple[Path, optuna.Study, int]:
     """A 3-trial sweep killed during its second trial, then the same command run again."""
     root = tmp_path_factory.mktemp("optuna")
     storage = f"sqlite:///{root / 'optuna.db'}"
-    args = [*TINY, *SEARCH, f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=resume"]
+    args = [*TINY, *SEARCH, "hydra.sweeper.n_trials=3", "hydra.sweeper.pruner=none", f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=resume"]
     first = _zoo_train([*args, f"hydra.sweep.dir={root / 'first'}"], root, start_new_session=True)
     killed = None
     try:
@@ -185,7 +185,7 @@ def test_pruning_stops_trials_from_their_validation_metric(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     _in_process([*TINY, *SEARCH, "hydra.sweeper.n_trials=2", "hydra.sweeper.pruner=threshold",
-                 "hydra.sweeper.pruner_args={upper:0.0}", f"hydra.sweeper.storage={storage}",
+                 "+hydra.sweeper.pruner_args.upper=0.0", f"hydra.sweeper.storage={storage}",
                  f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]

@@ -149,7 +149,13 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 def make_pruner(name: str, args: Mapping[str, Any]) -> optuna.pruners.BasePruner:
     if name not in PRUNERS:
         raise ValueError(f"hydra.sweeper.pruner={name!r}; choose one of {sorted(PRUNERS)}")
-    return getattr(optuna.pruners, PRUNERS[name])(**args)
+    cls = getattr(optuna.pruners, PRUNERS[name])
+    try:
+        return cls(**args)
+    except TypeError as error:  # arguments meant for another pruner, e.g. left by an hparams_search file
+        drop = " ".join(f"~hydra.sweeper.pruner_args.{key}" for key in args)
+        raise ValueError(f"hydra.sweeper.pruner_args={dict(args)} do not fit {cls.__name__} ({error}); drop them "
+                         f"({drop}) and add its own (+hydra.sweeper.pruner_args.<name>=<value>)") from None
 
 
 def open_trial(storage_url: str, study_name: str, number: int) -> optuna.trial.Trial:

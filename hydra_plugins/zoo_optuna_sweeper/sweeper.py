@@ -10,13 +10,14 @@ Hydra imports this module at every start of every Hydra app to look for plugins,
 nothing heavy: Optuna is imported by ``_study`` only when a sweep or a trial runs.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Hydra's plugin scan runs this module before it is in
+# sys.modules, where dataclasses cannot resolve string annotations.
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -83,7 +84,7 @@ class ZooOptunaSweeper(Sweeper):
                         for k, v in options.items()}
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
-        self.launcher = None
+        self.launcher: Launcher | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
@@ -99,7 +100,7 @@ class ZooOptunaSweeper(Sweeper):
         return OptunaSweep(self.options, self.config, self.hydra_context, self.launcher).run(arguments)
 
 
-def trial_of_this_job() -> optuna.trial.Trial | None:
+def trial_of_this_job() -> "optuna.trial.Trial | None":
     """The Optuna trial this process runs as a job of a ``zoo_optuna`` sweep; None outside one."""
     number = os.environ.get(TRIAL_ENV)
     if number is None:
