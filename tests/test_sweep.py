@@ -197,3 +197,20 @@ def test_pruning_stops_trials_from_their_validation_metric(tmp_path, monkeypatch
         assert not (job / "checkpoints" / "on_exception.ckpt").exists()  # a pruned trial is no crash
     results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
     assert "PRUNED: 2" in results and "best_value" not in results
+
+
+@pytest.mark.slow
+def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """A sampled value the typed config refuses, and one the model refuses (zoo.ConfigError in the job):
+    both trials FAIL with their error, neither stops the sweep; grid caps n_trials at the grid's size."""
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _in_process([*TINY, "hydra/sweeper=zoo_optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=10",
+                 "model.n_heads=choice(5)", "model.n_layers=choice(1, four)", f"hydra.sweeper.storage={storage}",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    errors = {t.params["model.n_layers"]: t.user_attrs["error"] for t in study.trials}
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert "ConfigError" in errors[1] and "n_heads=5 does not divide" in errors[1]
+    assert "four" in errors["four"]
+    assert "FAIL: 2" in (tmp_path / "sweep" / "optimization_results.yaml").read_text()

@@ -250,7 +250,7 @@ class OptunaSweep:
         if name == "random":
             return optuna.samplers.RandomSampler(**args)
         if name == "grid":
-            return optuna.samplers.GridSampler(space.grid(), **args)
+            return AskTellGridSampler(space.grid(), **args)
         raise ValueError(f"hydra.sweeper.sampler={name!r}; choose one of {list(SAMPLERS)}")
 
     def recover_stale_trials(self, study: optuna.Study) -> None:
@@ -308,6 +308,15 @@ class OptunaSweep:
             best = study.best_trial
             results.update(best_trial=best.number, best_value=best.value, best_params=best.params)
         OmegaConf.save(OmegaConf.create(results), self.sweep_dir / "optimization_results.yaml")
+
+
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler without its ``study.stop()`` once the grid is done, which works only inside
+    ``study.optimize``; the sweep stops itself at n_trials, capped at the size of the grid."""
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        pass
 
 
 def finished(study: optuna.Study) -> int:
