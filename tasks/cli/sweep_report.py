@@ -252,6 +252,7 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
         ax.set_xlabel(name)
         ax.set_ylabel(f"{sweep.metric} ({'lower' if sweep.mode == 'min' else 'higher'} is better)")
         ax.set_title(f"{sweep.metric} vs {name} ({len(shown)} trials)")
+        ax.ticklabel_format(axis="y", useOffset=False)  # the metric's own values, not "1e-5 + 5.698"
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
