@@ -178,7 +178,7 @@ def bench_generation(args: argparse.Namespace) -> list[Result]:
         results.append(summarize(f"generate gpt2 batch {batch}, {n} new tokens (cached)", zoo_rates, hf_rates))
         _report(results[-1])
     prompt = torch.randint(5, args.vocab, (1, 16), generator=torch.Generator().manual_seed(0))
-    for n in (128, 512):
+    for n in args.cache_lengths:
         cached = lambda n=n: ours.generate(prompt, n, eos_token_id=None)
         uncached = lambda n=n: ours.generate(prompt, n, eos_token_id=None, use_cache=False)
         with torch.inference_mode():
@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per comparison")
     parser.add_argument("--steps", type=int, default=2, help="training steps per round")
     parser.add_argument("--new-tokens", type=int, default=200)
+    parser.add_argument("--cache-lengths", type=int, nargs="*", default=[128, 512],
+                        help="new tokens for the cache-vs-recompute runs")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models for the training runs")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", default="bench.json", help="where to write the results")
