@@ -8,7 +8,7 @@
 from zoo import attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
 from zoo.config import ModelConfig
 from zoo.hf import from_hf, from_hf_config
-from zoo.inspect import capture_attention
+from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy
 from zoo.kv_cache import Cache, KVCache
 from zoo.models import (
     DecoderModel,
@@ -31,11 +31,13 @@ __all__ = [
     "DecoderModel",
     "EncoderDecoderModel",
     "EncoderModel",
+    "HeadStats",
     "KVCache",
     "ModelConfig",
     "ModelStats",
     "Registry",
     "ZooModel",
+    "attention_rollout",
     "build_model",
     "capture_attention",
     "count_parameters",
@@ -43,11 +45,13 @@ __all__ = [
     "from_hf",
     "from_hf_config",
     "get_config",
+    "head_stats",
     "list_components",
     "list_models",
     "load_pretrained",
     "register",
     "register_model",
+    "row_entropy",
     "save_pretrained",
     "stats",
 ]
