@@ -172,6 +172,8 @@ def test_report_on_an_optuna_sweep(resumed, capsys):
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| trial")]
     assert len(rows) == len(study.trials)  # the whole study, the killed run's trials included
     assert f"| {killed} | FAIL |" in table and "★" in table and "optimizer.lr" in table
+    retry = next(t.number for t in study.trials if t.user_attrs.get("zoo_retry_of") == killed)
+    assert f"interrupted, retried as trial {retry} |" in table
     best = study.best_trial
     assert f"| {best.number} ★ | COMPLETE | {best.value:.4g} |" in table
     for name in ("optimizer.lr", "optimizer.warmup_steps"):

@@ -39,6 +39,7 @@ class Trial:
     state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING (Optuna); COMPLETE, INCOMPLETE, NO METRIC (grid)
     best: float | None = None  # the best logged value over the run, from its metrics.csv
     job_dir: Path | None = None
+    note: str = ""  # why an Optuna trial failed
 
 
 @dataclass
@@ -127,12 +128,16 @@ def read_optuna(path: Path, results: Any) -> Sweep:
     jobs = job_dirs(path)
     metric = results.get("metric") or (monitor_of(jobs[0])[0] if jobs else "value")
     trials, log_params, categorical = [], set(), set()
+    retries = {t.user_attrs["zoo_retry_of"]: t.number for t in study.get_trials(deepcopy=False)
+               if "zoo_retry_of" in t.user_attrs}
     for t in study.get_trials(deepcopy=False):
         job = Path(t.user_attrs["job_dir"]) if "job_dir" in t.user_attrs else None
         values = logged(job, metric)[0] if job is not None and job.is_dir() else []
         trials.append(Trial(t.number, dict(t.params), t.value if t.value is not None else
                             (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None),
-                            t.state.name, best_of(values, mode), job))
+                            t.state.name, best_of(values, mode), job,
+                            f"interrupted, retried as trial {retries[t.number]}" if t.number in retries
+                            else t.user_attrs.get("error", "")[:80]))
         log_params |= {n for n, d in t.distributions.items()
                        if isinstance(d, (FloatDistribution, IntDistribution)) and d.log}
         categorical |= {n for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}
@@ -198,13 +203,16 @@ def markdown(sweep: Sweep) -> str:
     if sweep.fixed:
         lines.append("Fixed overrides: " + " ".join(f"`{o}`" for o in sweep.fixed))
     params = sweep.params
-    head = ["trial", "state", sweep.metric, f"best {sweep.metric}", *params, "run dir"]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---", "---:", "---:"]
-                                                              + ["---"] * len(params) + ["---"]) + "|"]
+    notes = any(t.note for t in sweep.trials)
+    head = ["trial", "state", sweep.metric, f"best {sweep.metric}", *params, "run dir", *(["note"] if notes else [])]
+    lines += ["", "| " + " | ".join(head) + " |",
+              "|" + "|".join(["---:", "---", "---:", "---:", *["---"] * (len(head) - 4)]) + "|"]
     for t in sweep.trials:
         mark = " ★" if t is best else ""
-        job = "" if t.job_dir is None else (t.job_dir.name if t.job_dir.parent == sweep.path else str(t.job_dir))
-        row = [f"{t.number}{mark}", t.state, fmt(t.value), fmt(t.best), *(fmt(t.params.get(p)) for p in params), job]
+        job = "" if t.job_dir is None else (t.job_dir.name if t.job_dir.parent.resolve() == sweep.path.resolve()
+                                            else str(t.job_dir))
+        row = [f"{t.number}{mark}", t.state, fmt(t.value), fmt(t.best), *(fmt(t.params.get(p)) for p in params), job,
+               *([fmt(t.note)] if notes else [])]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
