@@ -76,9 +76,7 @@ class SearchSpace:
     @classmethod
     def parse(cls, params: Mapping[str, Any] | None, arguments: Sequence[str],
               config_loader: Any = None) -> SearchSpace:
-        lines = [f"{key}={Transformer.str(value)}" if not isinstance(value, (str, list))
-                 else f"{key}=choice({','.join(Transformer.str(v) for v in value)})" if isinstance(value, list)
-                 else f"{key}={value}" for key, value in (params or {}).items()]
+        lines = [override_line(key, value) for key, value in (params or {}).items()]
         parser = OverridesParser.create(config_loader=config_loader)
         searched: dict[str, Param] = {}
         fixed: dict[str, str] = {}
@@ -108,6 +106,16 @@ class SearchSpace:
         return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def override_line(key: str, value: Any) -> str:
+    """One ``params`` entry as an override: a string is override syntax, a YAML list a choice, and
+    anything else a fixed value."""
+    if isinstance(value, str):
+        return f"{key}={value}"
+    if isinstance(value, list):
+        return f"{key}=choice({','.join(Transformer.str(v) for v in value)})"
+    return f"{key}={Transformer.str(value)}"
+
+
 def to_param(override: Override) -> Param:
     """A sweep override -> an Optuna distribution: choice -> categorical, range -> int/float with
     that step, interval -> float (``tag(log, ...)``: log scale; ``tag(int, ...)``: integers)."""
@@ -124,9 +132,10 @@ def to_param(override: Override) -> Param:
         if not values:
             raise ValueError(f"{key}: {override.get_value_string()} is empty")
         step = abs(sweep.step)
+        if "log" in tags and step != 1:
+            raise ValueError(f"{key}: a log-scale range needs step 1 (Optuna's rule), not {step}")
         if all(isinstance(v, int) for v in values):
-            return Param(key, IntDistribution(values[0], values[-1], log="log" in tags and step == 1,
-                                              step=1 if "log" in tags else step))
+            return Param(key, IntDistribution(values[0], values[-1], log="log" in tags, step=step))
         high = float(Decimal(str(values[0])) + (len(values) - 1) * Decimal(str(step)))
         return Param(key, FloatDistribution(float(values[0]), high, step=float(step)))
     if override.is_interval_sweep():
