@@ -15,7 +15,8 @@ def test_bench_tiny_runs_every_part(tmp_path):
     out = tmp_path / "bench.json"
     result = main(["--only", "train", "generate", "memory", "--families", "gpt2", "--precisions", "fp32",
                    "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "128", "--batch", "2",
-                   "--length", "16", "--rounds", "1", "--steps", "1", "--new-tokens", "4", "--cache-lengths", "8", "32", "--json", str(out)])
+                   "--length", "16", "--rounds", "1", "--steps", "1", "--new-tokens", "4",
+                   "--cache-lengths", "8", "32", "--json", str(out)])
     saved = json.loads(out.read_text())
     assert saved["config"]["families"] == ["gpt2"]
     names = [r["name"] for r in saved["results"]]
