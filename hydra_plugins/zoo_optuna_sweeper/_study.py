@@ -251,16 +251,19 @@ class OptunaSweep:
 
     def make_sampler(self, space: SearchSpace, n_before: int) -> optuna.samplers.BaseSampler:
         name, args = self.options["sampler"], dict(self.options.get("sampler_args") or {})
+        if name not in SAMPLERS:
+            raise ValueError(f"hydra.sweeper.sampler={name!r}; choose one of {list(SAMPLERS)}")
         seed = self.options.get("seed")
         if seed is not None:
             args["seed"] = seed + n_before
-        if name == "tpe":
-            return optuna.samplers.TPESampler(**args)
-        if name == "random":
-            return optuna.samplers.RandomSampler(**args)
-        if name == "grid":
-            return AskTellGridSampler(space.grid(), **args)
-        raise ValueError(f"hydra.sweeper.sampler={name!r}; choose one of {list(SAMPLERS)}")
+        try:
+            if name == "grid":
+                return AskTellGridSampler(space.grid(), **args)
+            return (optuna.samplers.TPESampler if name == "tpe" else optuna.samplers.RandomSampler)(**args)
+        except TypeError as error:  # arguments meant for another sampler, e.g. left by an hparams_search file
+            drop = " ".join(f"~hydra.sweeper.sampler_args.{key}" for key in self.options.get("sampler_args") or {})
+            raise ValueError(f"hydra.sweeper.sampler_args do not fit sampler={name} ({error}); drop them ({drop})") \
+                from None
 
     def recover_stale_trials(self, study: optuna.Study) -> None:
         """Trials a killed sweep left RUNNING: mark them failed (not counted) and queue their params
