@@ -134,6 +134,20 @@ def main(cfg: DictConfig) -> float | None:
         if os.environ.get(optuna_sweeper.TRIAL_ENV):  # one trial's sampled choice: the sweeper records it failed
             raise
         fail(error)
+    except Exception as error:
+        if pruned_on_a_rank_above_0(error):
+            return None
+        raise
+
+
+def pruned_on_a_rank_above_0(error: Exception) -> bool:
+    """Whether this is a DDP process that Lightning started for a pruned Optuna trial (rank 0, in
+    the sweep's process, tells the sweeper). It must exit cleanly: Lightning kills the sweep's
+    process when one of the processes it started fails."""
+    import optuna
+
+    in_sweep_process = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    return isinstance(error, optuna.TrialPruned) and not in_sweep_process
 
 
 if __name__ == "__main__":
