@@ -127,6 +127,7 @@ def one_job_of_a_sweep() -> Iterator[None]:
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs
     try:
         with one_job_of_a_sweep():
             return train(cfg)
@@ -151,5 +152,4 @@ def pruned_on_a_rank_above_0(error: Exception) -> bool:
 
 
 if __name__ == "__main__":
-    torch.set_float32_matmul_precision("high")
     main()
