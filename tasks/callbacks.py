@@ -8,7 +8,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 import zoo
 
@@ -75,19 +74,27 @@ class Throughput(L.Callback):
             torch.cuda.synchronize()
 
 
-class CrashCheckpoint(OnExceptionCheckpoint):
-    """Saves ``<dirpath>/<filename>.ckpt`` when training stops on an exception or Ctrl-C.
+class CrashCheckpoint(L.Callback):
+    """Saves ``<dirpath>/<filename>.ckpt`` when training stops on an exception or Ctrl-C; resume
+    with ``ckpt_path=`` that file.
+
+    Not Lightning's ``OnExceptionCheckpoint``: with that callback present, ``fit(ckpt_path=None)``
+    means "resume from the last checkpoint found", so a new run in a directory that already holds
+    one would silently continue it. Here a run resumes only when asked to.
 
     Single-process runs only: in a distributed run an exception usually hits one process, and
     saving needs all of them (a barrier), so it would hang instead of failing. There the
     ``last.ckpt`` of the latest validation is the point to resume from.
     """
 
+    def __init__(self, dirpath: str | os.PathLike, filename: str = "on_exception") -> None:
+        self.path = os.path.join(os.fspath(dirpath), f"{filename}.ckpt")
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         import optuna
 
         if trainer.world_size == 1 and not isinstance(exception, optuna.TrialPruned):  # pruning is no crash
-            super().on_exception(trainer, pl_module, exception)
+            trainer.save_checkpoint(self.path)
 
 
 class OptunaPruning(L.Callback):

@@ -39,11 +39,11 @@ def stdlib_files(packages: Iterable[str] | None = None, *, include_tests: bool =
     """Sorted .py files of the standard library (not site-packages)."""
     root = stdlib_root()
     keep = set(packages) if packages is not None else None
+    tops = [p for p in root.iterdir() if p.name not in ("site-packages", "dist-packages")]  # never walk those
+    paths = [p for top in tops for p in ([top] if top.is_file() else top.rglob("*.py")) if p.suffix == ".py"]
     files = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(paths):
         parts = path.relative_to(root).parts
-        if "site-packages" in parts or "dist-packages" in parts:
-            continue
         if not include_tests and ({"test", "tests", "idle_test"} & set(parts)):
             continue
         if keep is not None and parts[0] not in keep:
