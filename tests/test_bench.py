@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tasks.cli.bench import main  # noqa: E402
+from tasks.cli.bench import run  # noqa: E402
 
 
 @pytest.mark.slow
 def test_bench_tiny_runs_every_part(tmp_path):
     out = tmp_path / "bench.json"
-    result = main(["--only", "train", "generate", "memory", "--families", "gpt2", "--precisions", "fp32",
+    result = run(["--only", "train", "generate", "memory", "--families", "gpt2", "--precisions", "fp32",
                    "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "128", "--batch", "2",
                    "--length", "16", "--rounds", "1", "--steps", "1", "--new-tokens", "4",
                    "--cache-lengths", "8", "32", "--json", str(out)])
@@ -28,5 +28,5 @@ def test_bench_tiny_runs_every_part(tmp_path):
         assert math.isclose(r["ratio"], r["zoo_tokens_per_s"] / r["hf_tokens_per_s"])
     memory = saved["peak_memory_mib"]
     assert set(memory) == {"gpt2 fp32 zoo", "gpt2 fp32 hf"}
-    assert all(math.isfinite(v) and v >= 0 for v in memory.values())
+    assert all(v > 0 for v in memory.values())  # a training step allocates
     assert [r["name"] for r in result["results"]] == names  # what it returns is what it saved
