@@ -155,3 +155,18 @@ def test_encoder_heads():
 def test_encoder_decoder_layer_counts():
     model = tiny_model(arch="encoder_decoder", n_layers=3, n_decoder_layers=1)
     assert len(model.encoder.blocks) == 3 and len(model.decoder.blocks) == 1
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder_decoder"])
+def test_embed_scale_equals_scaling_the_embedding_table(arch):
+    cfg = zoo.ModelConfig(arch=arch, vocab_size=50, d_model=16, n_layers=1, n_heads=2, position="sinusoidal",
+                          tie_embeddings=False)
+    scaled = zoo.build_model(cfg.replace(embed_scale=4.0), seed=0).eval()
+    plain = zoo.build_model(cfg, seed=0).eval()
+    with torch.no_grad():
+        plain.embed.weight.mul_(4.0)
+    ids = torch.randint(0, 50, (2, 5))
+    args = (ids, ids[:, :3]) if arch == "encoder_decoder" else (ids,)
+    torch.testing.assert_close(scaled(*args), plain(*args))
+    with pytest.raises(zoo.ConfigError, match="embed_scale"):
+        zoo.build_model(cfg.replace(embed_scale=0.0))

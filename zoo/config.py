@@ -49,6 +49,7 @@ class ModelConfig:
     gelu_approximate: str = "none"  # "none" (erf, BERT) or "tanh" (GPT-2, T5 v1.1)
     attn_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
     logit_scale: float = 1.0  # multiplies the final hidden state before the LM head (T5 v1.0: d_model**-0.5)
+    embed_scale: float = 1.0  # multiplies the token embeddings (Vaswani et al. 2017, Gemma: d_model**0.5)
     rope_base: float = 10000.0
     rope_scaling: str = "none"  # "none", "linear" (position interpolation) or "ntk" (NTK-aware base)
     rope_scaling_factor: float = 1.0
@@ -153,7 +154,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}={value} must lie in [0, 1)")
-        for name in ("norm_eps", "logit_scale", "rope_base", "init_std", "attn_scale"):
+        for name in ("norm_eps", "logit_scale", "embed_scale", "rope_base", "init_std", "attn_scale"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name}={value} must be > 0")

@@ -66,6 +66,13 @@ class ZooModel(GenerationMixin, nn.Module):
         decoder = self.stacks()[-1]
         return Cache(len(decoder.blocks), cross=self.config.arch == "encoder_decoder", capacity=capacity)
 
+    def embed_tokens(self, input_ids: Tensor) -> Tensor:
+        """(B, T) token ids -> (B, T, D) embeddings, times ``embed_scale``. With sinusoidal
+        positions (unit amplitude) and small initial embeddings, sqrt(d_model) keeps the tokens
+        from being swamped by their positions (Vaswani et al. 2017, sec. 3.4)."""
+        x = self.embed(input_ids)
+        return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
+
     def _lm_head(self) -> nn.Module:
         return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
 
@@ -89,7 +96,7 @@ class EncoderModel(ZooModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, *, prefix_len: int | Tensor | None = None) -> Tensor:
         """input_ids: (B, T); attention_mask: (B, T), 1 = token, 0 = padding. Returns (B, T, D)."""
-        x = self.embed(input_ids)
+        x = self.embed_tokens(input_ids)
         if self.segment is not None:
             x = x + self.segment(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
         return self.encoder(x, padding_mask=attention_mask, prefix_len=prefix_len)
@@ -133,7 +140,7 @@ class DecoderModel(ZooModel):
                  position_ids: Tensor | None = None, prefix_len: int | Tensor | None = None,
                  cache: Cache | None = None) -> Tensor:
         """Final hidden states (B, T, D). With a cache, attention_mask covers cached + new positions."""
-        return self.decoder(self.embed(input_ids), padding_mask=attention_mask, position_ids=position_ids,
+        return self.decoder(self.embed_tokens(input_ids), padding_mask=attention_mask, position_ids=position_ids,
                             prefix_len=prefix_len, cache=cache)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
@@ -155,12 +162,12 @@ class EncoderDecoderModel(ZooModel):
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                prefix_len: int | Tensor | None = None) -> Tensor:
         """Source (B, S) -> memory (B, S, D)."""
-        return self.encoder(self.embed(input_ids), padding_mask=attention_mask, prefix_len=prefix_len)
+        return self.encoder(self.embed_tokens(input_ids), padding_mask=attention_mask, prefix_len=prefix_len)
 
     def decoder_features(self, decoder_input_ids: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
                          decoder_attention_mask: Tensor | None = None, cache: Cache | None = None) -> Tensor:
         """Target prefix (B, T) and memory (B, S, D) -> final decoder hidden states (B, T, D)."""
-        return self.decoder(self.embed(decoder_input_ids), padding_mask=decoder_attention_mask, cache=cache,
+        return self.decoder(self.embed_tokens(decoder_input_ids), padding_mask=decoder_attention_mask, cache=cache,
                             memory=memory, memory_mask=memory_mask)
 
     def decode(self, decoder_input_ids: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
