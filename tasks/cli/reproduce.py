@@ -21,8 +21,10 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -131,15 +133,15 @@ def _scan_stdlib_once() -> None:
 def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]) -> Path:
     """Train ``experiment=<experiment>`` with ``overrides`` through zoo-train's ``train()``.
 
-    Returns the run directory (fresh: deleted first, since Lightning resumes from a ``last.ckpt`` it
-    finds there). Quick mode shrinks the run to a few steps.
+    Returns the run directory (fresh: deleted first, so nothing of an earlier run is read back).
+    Quick mode shrinks the run to a few steps.
     """
     from hydra import compose, initialize_config_dir
 
     from tasks.cli.common import conf_dir
     from tasks.cli.train import train
 
-    run_dir = ctx.work / experiment / name
+    run_dir = ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name)  # a name Hydra's override grammar takes
     shutil.rmtree(run_dir, ignore_errors=True)
     args = [f"experiment={experiment}", *overrides, f"paths.output_dir={run_dir}", "test=false",
             "callbacks=none", "logger=csv", "++trainer.enable_progress_bar=false",
@@ -214,6 +216,7 @@ def _plain_log_x(ax: Any, ticks: Sequence[int]) -> None:
 
 # ---- 1. length extrapolation ---------------------------------------------------------------------
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5_relative")
+SCALED_SINUSOIDAL = "sinusoidal x sqrt(d)"  # the same encoding with model.embed_scale=sqrt(d_model)
 
 
 @torch.no_grad()
@@ -257,11 +260,15 @@ def exp_positions(ctx: Context) -> Result:
     lengths = [L, 2 * L, 4 * L, 8 * L]
     max_tokens = 2048 if ctx.quick else None  # None: the whole test split (a prefix is a few files only)
     overrides = ([f"data.seq_len={L}", f"model.max_seq_len={8 * L}"] if ctx.quick else [])
-    positions = ("rope", "alibi") if ctx.quick else POSITIONS
+    variants = {pos: [f"model/position={pos}"] for pos in (("rope", "alibi") if ctx.quick else POSITIONS)}
+    if not ctx.quick:  # sinusoidal as Vaswani et al. use it: token embeddings times sqrt(d_model)
+        d_model = zoo.get_config("gpt-tiny").d_model
+        variants[SCALED_SINUSOIDAL] = ["model/position=sinusoidal", f"model.embed_scale={d_model**0.5}"]
+    positions = tuple(variants)
     ckpts: dict[str, Path] = {}
-    for pos in positions:
+    for pos, choice in variants.items():
         ctx.step(f"1: train {pos} at length {L}")
-        run = train_run(ctx, "ablation_positions", pos, [f"model/position={pos}", *overrides])
+        run = train_run(ctx, "ablation_positions", pos, [*choice, *overrides])
         ckpts[pos] = run / "checkpoints" / "last.ckpt"
     ctx.step("1: evaluate at 1x-8x the training length")
     blocks = eval_blocks(ckpts["alibi"], lengths, max_tokens)
@@ -303,15 +310,18 @@ def exp_positions(ctx: Context) -> Result:
     at_L = sorted(ppl[name][L] for name in positions)
     if "sinusoidal" in ppl and ppl["sinusoidal"][L] > 2 * at_L[len(at_L) // 2]:
         observed += (f" Sinusoidal barely trained (perplexity {ppl['sinusoidal'][L]:.0f} at L against a median of "
-                     f"{at_L[len(at_L) // 2]:.1f}): zoo adds unit-amplitude sines to token embeddings of std 0.02 "
-                     "without the sqrt(d_model) embedding scale of Vaswani et al., so position swamps content at "
-                     "the start; its ratio says little.")
+                     f"{at_L[len(at_L) // 2]:.1f}): unit-amplitude sines added to token embeddings of std 0.02 "
+                     "swamp the content at the start; its ratio says little.")
+    if SCALED_SINUSOIDAL in ppl:
+        observed += (f" With the token embeddings scaled by sqrt(d_model) (`model.embed_scale`, as Vaswani et al. "
+                     f"do) sinusoidal reaches perplexity {ppl[SCALED_SINUSOIDAL][L]:.1f} at L and "
+                     f"{ppl[SCALED_SINUSOIDAL][8 * L]:.1f} at 8L (ratio {ratio[SCALED_SINUSOIDAL]:.2f}).")
     if "learned" in ratio and ratio["learned"] < 1.1:
         observed += (" Learned positions did not collapse past their trained rows: those rows keep their small "
                      "random initialisation (std 0.02), so beyond L the model runs almost without position "
                      "input, which a causal decoder tolerates (it can infer order from the mask).")
     trained = {k: v for k, v in ratio.items() if k != "rope+PI"}
-    absolute = [trained[k] for k in ("learned", "sinusoidal") if k in trained]
+    absolute = [trained[k] for k in ("learned", "sinusoidal", SCALED_SINUSOIDAL) if k in trained]
     claims = [trained["alibi"] <= 1.05 * min(trained.values()),  # ALiBi extrapolates best (within 5%)
               all(a > trained["alibi"] for a in absolute),  # absolute positions worse than ALiBi
               trained["rope"] > trained["alibi"],  # RoPE degrades outside the window
@@ -321,7 +331,8 @@ def exp_positions(ctx: Context) -> Result:
                   "Absolute positions extrapolate badly past the training window; relative biases (T5) "
                   "better; RoPE works inside the window but degrades outside it; ALiBi's linear distance "
                   "penalty extrapolates well (article section 4, after Press et al. 2022).",
-                  f"`zoo-train experiment=ablation_positions model/position=<p>` for p in {list(POSITIONS)}: "
+                  f"`zoo-train experiment=ablation_positions model/position=<p>` for p in {list(POSITIONS)}, and "
+                  f"sinusoidal with `model.embed_scale=sqrt(d_model)` ({SCALED_SINUSOIDAL!r}): "
                   f"gpt-tiny (2 layers, d_model 128, 4 heads), 200 steps on 16 x {L}-token blocks of stdlib source; "
                   f"test perplexity on {blocks[L].numel()} test tokens cut into blocks of L, 2L, 4L, 8L "
                   "(every position of a block counts). rope+PI = the trained rope model with "
@@ -890,7 +901,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", type=int, nargs="+", choices=sorted(EXPERIMENTS), default=sorted(EXPERIMENTS),
                         help="experiment numbers to run (default: all six)")
     parser.add_argument("--out", type=Path, default=Path("docs/article"), help="where the page, PNGs and JSON go")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/zoo-reproduce"), help="training run directories")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "zoo-reproduce",
+                        help="training run directories")
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run of each experiment (seconds)")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads (1 is fastest on shared cores)")
     args = parser.parse_args(argv)
