@@ -63,9 +63,8 @@ class Throughput(L.Callback):
         self._tokens, self._flop_total, self._steps, self._start = 0, 0, 0, time.perf_counter()
 
     def _flops(self, pl_module: L.LightningModule, seq_len: int) -> int:
-        if seq_len not in self._flops_per_token:
-            model = pl_module.model
-            self._flops_per_token[seq_len] = zoo.stats(model.config, seq_len=seq_len).flops_per_token_train
+        if seq_len not in self._flops_per_token:  # the model itself: no meta copy built per new length
+            self._flops_per_token[seq_len] = zoo.stats(pl_module.model, seq_len=seq_len).flops_per_token_train
         return self._flops_per_token[seq_len]
 
     @staticmethod

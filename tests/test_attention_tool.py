@@ -92,7 +92,7 @@ def test_flags_name_sink_flat_diagonal_and_previous_heads():
     assert stats.flags() == [["sink"], ["flat"], ["diagonal"], ["previous"]]
     torch.testing.assert_close(stats.norm_entropy, torch.tensor([0.0, 1.0, 0.0, 0.0]))
     assert stats.first_mass[0] == 1 and stats.self_mass[2] == 1 and stats.prev_mass[3] == 1
-    # thresholds are the caller's: nothing is flat above 1, everything but the uniform head is a sink at 0
+    # thresholds are the caller's: nothing is flat above 1; sink=0 flags every head but the diagonal one
     assert stats.flags(flat=1.01, sink=2.0, diagonal=2.0) == [[], [], [], []]
     assert [("sink" in f) for f in stats.flags(sink=0.0)] == [True, True, False, True]
     cross = head_stats(heads[..., :5], self_attention=False)  # (1, 4, 8, 5): no own or previous position

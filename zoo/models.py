@@ -187,18 +187,17 @@ def build_model(cfg: ModelConfig, *, seed: int | None = None) -> ZooModel:
     """Validate ``cfg`` and build its model on the current default device, initialised.
 
     With ``seed`` the initial weights are deterministic and the global RNG is left untouched.
-    Under ``with torch.device("meta")`` nothing is allocated (for counting or sharded loading).
+    Under ``with torch.device("meta")`` nothing is allocated (for counting or sharded loading) and
+    nothing is initialised: meta tensors hold no values.
     """
     cfg.validate()
     cls = ARCH.get(cfg.arch, field="arch")
-    if seed is None:
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
         model = cls(cfg)
-        model.init_weights()
-        return model
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = cls(cfg)
-        model.init_weights()
+        if not model.embed.weight.is_meta:
+            model.init_weights()
     return model
 
 

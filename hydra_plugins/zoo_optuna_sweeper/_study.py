@@ -241,10 +241,11 @@ class OptunaSweep:
         name = self.options.get("study_name") or (
             f"{OmegaConf.select(self.config, 'task_name', default=self.config.hydra.job.name)}-{space.digest()}")
         storage = open_storage(self.storage_url)
-        pruner = make_pruner(self.options["pruner"], self.options.get("pruner_args") or {})
+        pruner_spec = {"name": self.options["pruner"], "args": self.options.get("pruner_args") or {}}
+        pruner = make_pruner(pruner_spec["name"], pruner_spec["args"])
         study = optuna.create_study(storage=storage, study_name=name, direction=DIRECTIONS[direction],
                                     load_if_exists=True)
-        study.set_user_attr(PRUNER, {"name": self.options["pruner"], "args": self.options.get("pruner_args") or {}})
+        study.set_user_attr(PRUNER, pruner_spec)
         self.recover_stale_trials(study)
         return optuna.load_study(study_name=name, storage=storage, pruner=pruner,
                                  sampler=self.make_sampler(space, n_before=len(study.trials)))
@@ -286,15 +287,13 @@ class OptunaSweep:
 
     def launch(self, study: optuna.Study, space: SearchSpace, batch: list[optuna.trial.Trial]) -> list[JobReturn]:
         """Launch the batch's trials and tell Optuna how each ended."""
-        overrides = []
+        legal = []
         for trial in batch:
             identity = {STORAGE_ENV: self.storage_url, STUDY_ENV: study.study_name, TRIAL_ENV: str(trial.number)}
-            overrides.append([*space.overrides(trial.params),
-                              *(f"++hydra.job.env_set.{k}={quoted(v)}" for k, v in identity.items())])
-        legal = []
-        for trial, job in zip(batch, overrides, strict=True):
+            job = [*space.overrides(trial.params),
+                   *(f"++hydra.job.env_set.{k}={quoted(v)}" for k, v in identity.items())]
             try:
-                self.validate_batch_is_legal([job])
+                self.hydra_context.config_loader.load_sweep_config(self.config, job)  # does it compose?
                 legal.append((trial, job))
             except Exception as error:  # e.g. a typed config field refusing a sampled value
                 fail(study, trial, error)
@@ -304,10 +303,6 @@ class OptunaSweep:
         for (trial, _), job_return in zip(legal, returns, strict=True):
             tell(study, trial, job_return)
         return returns
-
-    def validate_batch_is_legal(self, batch: list[list[str]]) -> None:
-        for overrides in batch:
-            self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
 
     def write_results(self, study: optuna.Study, n_trials: int) -> None:
         """optimization_results.yaml in the sweep directory: the study, its best trial, counts by state."""

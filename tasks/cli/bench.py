@@ -21,6 +21,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -190,14 +191,16 @@ def bench_generation(args: argparse.Namespace) -> list[Result]:
 
 def bench_first_step(args: argparse.Namespace) -> dict[str, float]:
     """Seconds from launching zoo-train (tiny experiment) to the end of its first optimizer step."""
-    cmd = [sys.executable, "-m", "tasks.cli.train", "trainer.max_steps=1", "trainer.limit_val_batches=0",
-           "trainer.num_sanity_val_steps=0", "test=false", "callbacks=none", "logger=[]",
-           "hydra.run.dir=/tmp/zoo-bench-first-step", "data.source_args.max_files=200"]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [sys.executable, "-m", "tasks.cli.train", "trainer.max_steps=1", "trainer.limit_val_batches=0",
+               "trainer.num_sanity_val_steps=0", "test=false", "callbacks=none", "logger=[]",
+               f"hydra.run.dir={run_dir}", "data.source_args.max_files=200"]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
-    return {"seconds_to_first_step": time.perf_counter() - start}
+    return {"seconds_to_first_step": seconds}
 
 
 def peak_memory(family: str, precision: str, side: str, args: argparse.Namespace) -> float:

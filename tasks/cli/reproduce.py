@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import json
 import logging
 import math
@@ -113,21 +112,6 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", category=UserWarning)
-
-
-def _scan_stdlib_once() -> None:
-    """Memoise ``tasks.data.sources.stdlib_files`` in this process.
-
-    It walks the whole stdlib tree with ``rglob`` (site-packages included, filtered afterwards), about
-    6 s per call here; every training run calls it again. The files do not change during a run.
-    """
-    from tasks.data import sources
-
-    if not hasattr(sources.stdlib_files, "cache_info"):
-        scan = functools.lru_cache(maxsize=None)(sources.stdlib_files)
-        sources.stdlib_files = lambda packages=None, *, include_tests=False: list(  # type: ignore[assignment]
-            scan(None if packages is None else tuple(packages), include_tests=include_tests))
-        sources.stdlib_files.cache_info = scan.cache_info  # type: ignore[attr-defined]
 
 
 def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]) -> Path:
@@ -272,13 +256,12 @@ def exp_positions(ctx: Context) -> Result:
         ckpts[pos] = run / "checkpoints" / "last.ckpt"
     ctx.step("1: evaluate at 1x-8x the training length")
     blocks = eval_blocks(ckpts["alibi"], lengths, max_tokens)
-    ppl: dict[str, dict[int, float]] = {}
-    for pos in positions:
-        model = load_task(ckpts[pos])[0].model
-        ppl[pos] = {n: perplexity(model, blocks[n]) for n in lengths}
+    models = {pos: load_task(ckpts[pos])[0].model for pos in positions}
+    ppl: dict[str, dict[int, float]] = {pos: {n: perplexity(models[pos], blocks[n]) for n in lengths}
+                                        for pos in positions}
     # RoPE + linear position interpolation (Chen et al. 2023), applied to the trained rope model
     # without fine-tuning: positions are divided by n / L so they stay inside the trained range.
-    rope = load_task(ckpts["rope"])[0].model
+    rope = models["rope"]
     ppl["rope+PI"] = {}
     for n in lengths:
         factor = n / L
@@ -583,13 +566,9 @@ def kv_formula(layers: int, kv_heads: int, head_dim: int, seq_len: int, bytes_pe
 
 def measured_cache_bytes(cache: zoo.Cache) -> tuple[int, int]:
     """(bytes of the keys and values held, bytes allocated) summed over every layer's cache tensors."""
-    used = allocated = 0
-    for c in cache.modules():
-        if isinstance(c, zoo.KVCache) and c.k is not None:
-            k, v = c.get()
-            used += k.numel() * k.element_size() + v.numel() * v.element_size()
-            allocated += c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size()
-    return used, allocated
+    allocated = sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size()
+                    for c in cache.modules() if isinstance(c, zoo.KVCache) and c.k is not None)
+    return cache.nbytes(), allocated
 
 
 def fill_cache(model: zoo.ZooModel, seq_len: int, batch: int = 1) -> zoo.Cache:
@@ -687,25 +666,20 @@ def exp_kv_cache(ctx: Context) -> Result:
 
 # ---- 6. the size table ---------------------------------------------------------------------------
 def meta_model(cfg: zoo.ModelConfig) -> zoo.ZooModel:
-    """The model of ``cfg`` on the meta device, uninitialised: ``build_model`` would also run
-    ``init_weights``, whose ``normal_`` calls cost about a second per large preset on meta tensors."""
-    from zoo.registry import ARCH
-
-    cfg.validate()
+    """The model of ``cfg`` on the meta device (no memory, no initialisation)."""
     with torch.device("meta"):
-        return ARCH.get(cfg.arch, field="arch")(cfg)
+        return zoo.build_model(cfg)
 
 
 def preset_table() -> list[dict[str, Any]]:
     """One row per registered preset: sizes and exact parameter counts (meta device)."""
-    from zoo.ffn import MLP
 
     out = []
     for name in zoo.list_models():
         cfg = zoo.get_config(name)
         model = meta_model(cfg)
         st = zoo.stats(model)
-        ffn = sum(p.numel() for m in model.modules() if isinstance(m, MLP) for p in m.parameters())
+        ffn = ffn_parameters(model)
         published = PUBLISHED_PARAMS.get(name)
         out.append({"name": name, "params": st.params, "non_embedding": st.non_embedding_params, "ffn": ffn,
                     "ffn_share": ffn / st.non_embedding_params, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
@@ -800,7 +774,7 @@ def exp_sizes(ctx: Context) -> Result:
 
 EXPERIMENTS: dict[int, tuple[str, Callable[[Context], Result], int]] = {
     # number -> (name, function, progress units it reports)
-    1: ("positions", exp_positions, len(POSITIONS) + 1),
+    1: ("positions", exp_positions, len(POSITIONS) + 2),  # the five, sinusoidal x sqrt(d), the evaluation
     2: ("norm", exp_norm, 12),
     3: ("ffn", exp_ffn, len(FFNS)),
     4: ("scale", exp_scale, 7),
@@ -821,7 +795,8 @@ def write_page(out: Path, results: dict[str, Any]) -> Path:
     """``README.md`` from every record in ``results`` (the contents of results.json)."""
     meta = results["meta"]
     parts = ["# The article's claims at small scale", "",
-             f"Six claims of {ARTICLE} tested on a small CPU. Command: `{meta['command']}`.  ",
+             f"Six claims of {ARTICLE} tested on a small CPU. Command of the last run: "
+             f"`{meta['command']}` (records of earlier runs are kept).  ",
              f"Date: {meta['date']}. Machine: {meta['machine']}. Total time: {meta['total_seconds'] / 60:.1f} min "
              f"({meta['threads']} PyTorch thread; the cores were shared with other work).", "",
              "Trained experiments (1-3) run zoo-train's `train()` on `conf/experiment/ablation_*.yaml`; 4-6 "
@@ -860,7 +835,6 @@ def run(only: Sequence[int], out: Path, work: Path, quick: bool = False, threads
         command: str = "zoo-reproduce") -> dict[str, Any]:
     """Run the chosen experiments, merge them into ``out/results.json`` and rewrite ``out/README.md``."""
     _quiet()
-    _scan_stdlib_once()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     out.mkdir(parents=True, exist_ok=True)

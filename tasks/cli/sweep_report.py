@@ -45,7 +45,6 @@ class Trial:
 @dataclass
 class Sweep:
     path: Path
-    kind: str  # "grid" or "optuna"
     metric: str
     mode: str  # "min" or "max"
     trials: list[Trial]
@@ -100,8 +99,7 @@ def parse_overrides(lines: Sequence[str]) -> dict[str, tuple[str, Any]]:
 
 
 def read_grid(path: Path, jobs: list[Path]) -> Sweep:
-    overrides = {job: parse_overrides(OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml")))
-                 for job in jobs}
+    overrides = {job: job_overrides(job) for job in jobs}
     keys = list(dict.fromkeys(k for o in overrides.values() for k in o))
     swept = [k for k in keys if len({repr(o.get(k, (None, None))[1]) for o in overrides.values()}) > 1]
     fixed = [line for k, (line, _) in overrides[jobs[0]].items() if k not in swept]
@@ -115,7 +113,7 @@ def read_grid(path: Path, jobs: list[Path]) -> Sweep:
         trials.append(Trial(int(job.name) if job.name.isdigit() else i,
                             {k: overrides[job][k][1] for k in swept if k in overrides[job]},
                             values[-1] if values else None, state, best_of(values, mode), job))
-    return Sweep(path, "grid", metric, mode, trials, fixed, header=f"grid multirun, {len(jobs)} jobs")
+    return Sweep(path, metric, mode, trials, fixed, header=f"grid multirun, {len(jobs)} jobs")
 
 
 def read_optuna(path: Path, results: Any) -> Sweep:
@@ -143,15 +141,19 @@ def read_optuna(path: Path, results: Any) -> Sweep:
         categorical |= {n for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}
     fixed = []
     if jobs:
-        common = [parse_overrides(OmegaConf.to_container(OmegaConf.load(j / ".hydra" / "overrides.yaml")))
-                  for j in jobs]
+        common = [job_overrides(j) for j in jobs]
         searched = {n for t in trials for n in t.params}
         fixed = [line for k, (line, _) in common[0].items()
                  if k not in searched and all(c.get(k, (None,))[0] == line for c in common)]
     counts = ", ".join(f"{sum(t.state == s for t in trials)} {s}" for s in dict.fromkeys(t.state for t in trials))
     header = (f"Optuna study `{study.study_name}` ({results.storage}), {study.direction.name.lower()} {metric}, "
               f"{len(trials)} trials: {counts}")
-    return Sweep(path, "optuna", metric, mode, trials, fixed, log_params, categorical, header)
+    return Sweep(path, metric, mode, trials, fixed, log_params, categorical, header)
+
+
+def job_overrides(job: Path) -> dict[str, tuple[str, Any]]:
+    """The command-line overrides a job ran with: key -> (override line, value)."""
+    return parse_overrides(OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml")))
 
 
 def job_config(job: Path) -> Any:
@@ -226,6 +228,7 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
+    best = sweep.best_trial()
     for name in sweep.params:
         shown = [t for t in sweep.trials if name in t.params and t.value is not None and not math.isnan(t.value)]
         if not shown:
@@ -237,7 +240,7 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
         if numeric:
             xs = [float(v) for v in values]
         else:
-            categories = sorted({str(v) for v in values}, key=lambda c: (not _is_number(c), _number(c), c))
+            categories = sorted({str(v) for v in values}, key=_category_order)
             position = {c: i for i, c in enumerate(categories)}
             groups = [[t.value for t in shown if str(t.params[name]) == c] for c in categories]
             ax.boxplot(groups, positions=range(len(categories)), widths=0.5, showfliers=False)
@@ -251,7 +254,6 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
             pts = [(x, t.value) for x, t in zip(xs, shown, strict=True) if t.state == state]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), s=36, zorder=3, **style)
-        best = sweep.best_trial()
         if best is not None and best in shown:
             ax.scatter([xs[shown.index(best)]], [best.value], marker="*", s=220, color="tab:red", zorder=4,
                        label=f"best (trial {best.number})")
@@ -271,16 +273,12 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
     return paths
 
 
-def _is_number(text: str) -> bool:
+def _category_order(text: str) -> tuple[bool, float, str]:
+    """Numbers first, by value; then the other labels, alphabetically."""
     try:
-        float(text)
+        return False, float(text), text
     except ValueError:
-        return False
-    return True
-
-
-def _number(text: str) -> float:
-    return float(text) if _is_number(text) else 0.0
+        return True, 0.0, text
 
 
 def main(argv: Sequence[str] | None = None) -> None:
