@@ -40,6 +40,10 @@ class ZooTask(L.LightningModule):
                                   f"{list(cls.forms)} (choose another model or task)")
         cfg.validate()
 
+    @classmethod
+    def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
+        """Raise ConfigError for task settings (``task.*``) that cannot work with ``model``."""
+
     @cached_property
     def tokenizer(self) -> Tokenizer:
         if self.tokenizer_json is None:
@@ -78,16 +82,56 @@ class ZooTask(L.LightningModule):
         self.run_info = checkpoint.get("zoo_run")
         self.__dict__.pop("tokenizer", None)
 
-    def init_from(self, ckpt_path: str) -> None:
-        """Start from another checkpoint's weights where names and shapes agree (e.g. a classifier
-        from a masked-LM run); everything else keeps its fresh initialisation."""
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any], *, source: str = "the checkpoint") -> ZooTask:
+        """Rebuild the task of a checkpoint loaded with ``zoo.load_weights_file``. Its config is
+        checked against the tensors it holds on the meta device first, so a config that asks for
+        absurd sizes is refused before anything is allocated."""
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        state = checkpoint.get("state_dict")
+        if not isinstance(hparams.get("model"), dict) or not isinstance(state, dict):
+            raise zoo.CheckpointError(f"{source} has no model config or weights; pass a checkpoint of zoo-train")
+        try:
+            cfg = zoo.ModelConfig.from_dict(dict(hparams["model"]))
+            cls.check_model_config(cfg)
+        except zoo.ConfigError as error:
+            raise zoo.CheckpointError(f"{source}: its model config cannot work: {error}") from None
+        check_tensors(cfg, state, source)
+        try:
+            task = cls(**hparams, tokenizer_json=checkpoint.get("tokenizer_json"))
+        except TypeError as error:
+            raise zoo.CheckpointError(f"{source}: its task settings do not fit {cls.__name__} ({error})") from None
+        task.on_load_checkpoint(checkpoint)
+        task.load_state_dict(state)
+        return task
+
+    def init_from(self, checkpoint: dict[str, Any], *, source: str, partial: bool = False) -> None:
+        """Start from another checkpoint's weights (e.g. a classifier from a masked-LM run).
+
+        The backbone must fit: the same form, and every tensor both models have of the same shape;
+        otherwise a ConfigError says what differs, unless ``partial`` (``init_partial=true``) asks to
+        load whatever fits. Tensors only this task has (a classifier head) start fresh."""
         own = self.state_dict()
+        state = checkpoint["state_dict"]
+        theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"]))
+        mine = self.model.config
+        problems = []
+        if theirs.arch != mine.arch:
+            problems.append(f"it has arch={theirs.arch!r} and this run trains arch={mine.arch!r}")
+        clash = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+        if clash:
+            k = clash[0]
+            problems.append(f"{len(clash)} tensors differ in shape, e.g. {k} {tuple(state[k].shape)} there, "
+                            f"{tuple(own[k].shape)} here ({_size_diff(theirs, mine)})")
         loaded = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        if problems and not partial:
+            raise zoo.ConfigError(f"init_from={source}: {'; '.join(problems)}; only {len(loaded)} of {len(own)} "
+                                  f"tensors would load. Choose a checkpoint of the same form and sizes, or set "
+                                  f"init_partial=true to load what fits")
         self.load_state_dict(loaded, strict=False)
         skipped = sorted(set(state) - set(loaded))
         fresh = sorted(set(own) - set(loaded))
-        print(f"init_from {ckpt_path}: {len(loaded)} tensors loaded, {len(skipped)} skipped "
+        print(f"init_from {source}: {len(loaded)} tensors loaded, {len(skipped)} skipped "
               f"({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''}), {len(fresh)} freshly initialised")
 
     # ---- optimisation -------------------------------------------------------------------------------
@@ -98,6 +142,21 @@ class ZooTask(L.LightningModule):
         total = max(1, int(self.trainer.estimated_stepping_batches))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, min_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def check_tensors(cfg: zoo.ModelConfig, state: dict[str, Any], source: str) -> None:
+    """Raise a CheckpointError unless ``state`` holds the tensors of the model ``cfg`` describes,
+    before anything is allocated (``zoo.check_weights``)."""
+    shapes = {k.removeprefix("model."): tuple(v.shape) for k, v in state.items()
+              if k.startswith("model.") and isinstance(v, torch.Tensor)}
+    zoo.check_weights(cfg, shapes, source=source)
+
+
+def _size_diff(theirs: zoo.ModelConfig, mine: zoo.ModelConfig) -> str:
+    fields = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
+    diffs = [f"{f}={getattr(theirs, f)} there, {getattr(mine, f)} here" for f in fields
+             if getattr(theirs, f) != getattr(mine, f)]
+    return "; ".join(diffs) or "same sizes"
 
 
 def adamw(module: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] | list[float],

@@ -8,8 +8,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 
 import zoo
+from tasks.errors import DivergedError
 
 
 class Throughput(L.Callback):
@@ -73,13 +75,30 @@ class Throughput(L.Callback):
             torch.cuda.synchronize()
 
 
+class ProgressBar(RichProgressBar):
+    """Lightning's rich progress bar without what means nothing in a step-counted run: the epoch
+    count "0/-2" (max_epochs=-1) and the logger version ("v_num: logs")."""
+
+    def _get_train_description(self, current_epoch: int) -> str:  # Lightning's hook for the bar's label
+        if self.trainer.max_epochs is None or self.trainer.max_epochs < 0:
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
 class CrashCheckpoint(L.Callback):
-    """Saves ``<dirpath>/<filename>.ckpt`` when training stops on an exception or Ctrl-C; resume
-    with ``ckpt_path=`` that file.
+    """Saves ``<dirpath>/<filename>.ckpt`` when training stops on an exception or Ctrl-C after at
+    least one optimizer step of this run; resume with ``ckpt_path=`` that file.
 
     Not Lightning's ``OnExceptionCheckpoint``: with that callback present, ``fit(ckpt_path=None)``
     means "resume from the last checkpoint found", so a new run in a directory that already holds
-    one would silently continue it. Here a run resumes only when asked to.
+    one would silently continue it. Here a run resumes only when asked to. Nothing is saved when
+    the run fails before its first step (a resume that cannot load must not replace the file it
+    resumes from with an untrained model) or when it diverged (the weights would not help).
 
     Single-process runs only: in a distributed run an exception usually hits one process, and
     saving needs all of them (a barrier), so it would hang instead of failing. There the
@@ -88,12 +107,63 @@ class CrashCheckpoint(L.Callback):
 
     def __init__(self, dirpath: str | os.PathLike, filename: str = "on_exception") -> None:
         self.path = os.path.join(os.fspath(dirpath), f"{filename}.ckpt")
+        self.start_step: int | None = None
+        self.saved: str | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start_step = trainer.global_step  # after a resume: the step it resumed at
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         import optuna
 
-        if trainer.world_size == 1 and not isinstance(exception, optuna.TrialPruned):  # pruning is no crash
-            trainer.save_checkpoint(self.path)
+        if isinstance(exception, optuna.TrialPruned | DivergedError) or trainer.world_size != 1:
+            return  # pruning is no crash; diverged weights are no point to resume from
+        if self.start_step is None or trainer.global_step <= self.start_step:
+            return  # not a single step of this run: what it started from is still there
+        trainer.save_checkpoint(self.path)
+        self.saved = self.path
+
+
+class StopOnNonFinite(L.Callback):
+    """Stops training with a DivergedError as soon as the loss or a gradient is NaN or infinite,
+    before the optimizer step: the weights stay those of the last finite step and no checkpoint
+    of NaN weights is ever written (the checkpoint writer refuses them too). Gradients are not
+    checked under fp16 mixed precision, whose loss scaler skips such steps by design.
+
+    Args:
+        monitor: the validated metric checkpoints follow (``monitor.metric``); a non-finite value
+            stops the run before a checkpoint could be chosen as "best" on it.
+    """
+
+    def __init__(self, monitor: str | None = None) -> None:
+        self.monitor = monitor
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if not torch.isfinite(loss.detach()).all():
+            raise DivergedError(_diverged(trainer, f"train/loss is {float(loss.detach().float().mean())}"))
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        if "16-mixed" in str(trainer.precision) and "bf16" not in str(trainer.precision):
+            return
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+            raise DivergedError(_diverged(trainer, "the gradient norm is not finite"))
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.monitor) if self.monitor else None
+        if value is not None and not torch.isfinite(value).all():  # before the checkpoint callbacks (Lightning
+            raise DivergedError(_diverged(trainer, f"{self.monitor} is {float(value)}"))  # runs them last): no NaN best
+
+
+def _diverged(trainer: L.Trainer, what: str) -> str:
+    last = next((c.best_model_path for c in trainer.checkpoint_callbacks
+                 if getattr(c, "monitor", "") is None and c.best_model_path), None)
+    keep = f"the last checkpoint is {last}" if last else "no checkpoint was saved before it"
+    return (f"training diverged at step {trainer.global_step + 1}: {what}; stopped before the weights became NaN "
+            f"and {keep}. Lower optimizer.lr, raise optimizer.warmup_steps or keep trainer.gradient_clip_val")
 
 
 class OptunaPruning(L.Callback):

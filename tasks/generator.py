@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.text import Perplexity
 
+import zoo
 from tasks.base import ZooTask
 
 
@@ -22,6 +23,21 @@ class GeneratorTask(ZooTask):
         self.sample_temperature = sample_temperature
         self.val_ppl, self.test_ppl = Perplexity(ignore_index=-100), Perplexity(ignore_index=-100)
         self.samples: list[str] = []
+
+    @classmethod
+    def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
+        if not str(settings.get("sample_prompt", "def")).strip():
+            raise zoo.ConfigError("task.sample_prompt is empty; give the text the validation samples continue "
+                                  "(e.g. task.sample_prompt=def)")
+        tokens = settings.get("sample_tokens", 48)
+        if tokens < 1:
+            raise zoo.ConfigError(f"task.sample_tokens={tokens} must be >= 1")
+        limit = zoo.position_limit(model)
+        if limit is not None and tokens >= limit:
+            raise zoo.ConfigError(f"task.sample_tokens={tokens} does not fit the model's {limit} positions "
+                                  f"(model.max_seq_len); lower task.sample_tokens")
+        if settings.get("sample_temperature", 0.8) <= 0:
+            raise zoo.ConfigError(f"task.sample_temperature={settings['sample_temperature']} must be > 0")
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         logits = self.model(batch["input_ids"])  # (B, T, V)

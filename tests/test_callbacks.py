@@ -49,3 +49,15 @@ def test_crash_leaves_a_checkpoint_and_a_new_run_does_not_resume_from_it(tmp_pat
     resumed, model = _trainer(tmp_path, max_steps=5), Steps()
     resumed.fit(model, ckpt_path=saved)  # asked to resume: continues from step 3
     assert (resumed.global_step, model.ran) == (5, 2)
+
+
+def test_a_resume_that_fails_to_load_leaves_the_crash_checkpoint_alone(tmp_path):
+    with pytest.raises(RuntimeError, match="crash"):
+        _trainer(tmp_path, max_steps=10).fit(Steps(fail_at=3))
+    saved = tmp_path / "checkpoints" / "on_exception.ckpt"
+    before = saved.read_bytes()
+    other = Steps()
+    other.layer = nn.Linear(4, 2)  # its weights do not fit the checkpoint: restoring fails before any step
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        _trainer(tmp_path, max_steps=10).fit(other, ckpt_path=saved)
+    assert saved.read_bytes() == before  # not replaced by an untrained model that never stepped

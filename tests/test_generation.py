@@ -131,7 +131,8 @@ def test_encoders_do_not_generate():
         tiny_model(arch="encoder").generate(torch.zeros(1, 3, dtype=torch.long))
 
 
-def test_learned_positions_report_running_past_the_table():
+def test_learned_positions_stop_generation_at_the_table_with_a_warning():
     model = tiny_model(position="learned", max_seq_len=10)
-    with pytest.raises(ValueError, match="exceeds max_seq_len=10"):
-        model.generate(torch.zeros(1, 6, dtype=torch.long), max_new_tokens=8, eos_token_id=None)
+    with pytest.warns(zoo.generation.GenerationLimitWarning, match="stopped after 4 of max_new_tokens=8"):
+        out = model.generate(torch.zeros(1, 6, dtype=torch.long), max_new_tokens=8, eos_token_id=None)
+    assert out.shape == (1, 10)

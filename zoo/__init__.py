@@ -9,6 +9,7 @@ from zoo import attention, ffn, mask, norm, position  # noqa: F401  (fill the re
 from zoo.config import ModelConfig
 from zoo.hf import from_hf, from_hf_config
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy
+from zoo.io import CheckpointError, atomic_save, atomic_write, load_weights_file
 from zoo.kv_cache import Cache, KVCache
 from zoo.models import (
     DecoderModel,
@@ -18,8 +19,9 @@ from zoo.models import (
     build_model,
     count_parameters,
 )
+from zoo.position import position_limit
 from zoo.presets import create_model, get_config, list_models, register_model
-from zoo.pretrained import load_pretrained, save_pretrained
+from zoo.pretrained import check_weights, load_pretrained, save_pretrained
 from zoo.registry import ConfigError, Registry, list_components, register
 from zoo.stats import ModelStats, stats
 
@@ -27,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
+    "CheckpointError",
     "ConfigError",
     "DecoderModel",
     "EncoderDecoderModel",
@@ -37,9 +40,12 @@ __all__ = [
     "ModelStats",
     "Registry",
     "ZooModel",
+    "atomic_save",
+    "atomic_write",
     "attention_rollout",
     "build_model",
     "capture_attention",
+    "check_weights",
     "count_parameters",
     "create_model",
     "from_hf",
@@ -48,7 +54,9 @@ __all__ = [
     "head_stats",
     "list_components",
     "list_models",
+    "load_weights_file",
     "load_pretrained",
+    "position_limit",
     "register",
     "register_model",
     "row_entropy",

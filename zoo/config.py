@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +102,15 @@ class ModelConfig:
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        """Build from plain data (a checkpoint, a YAML file); unknown keys are a ConfigError."""
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
+        """Build from plain data (config.json, a checkpoint, a YAML file). An unknown key, or a value
+        of the wrong type for its field (as the dataclass annotates it), is a ConfigError. An int is
+        taken for a float field (JSON writes 10000.0 as it likes); a float, even 4.0, is refused for an
+        int field, and so is a bool: a size written as 4.0 or true is a mistake to show, not to guess."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"the model config must map field names to values, not be a {type(values).__name__}")
         _check_fields(values)
-        return cls(**values)
+        return cls(**{name: _typed(name, value) for name, value in values.items()})
 
     def replace(self, **overrides: Any) -> ModelConfig:
         _check_fields(overrides)
@@ -194,7 +202,42 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0][:12]
 
 
-def _check_fields(values: dict[str, Any]) -> None:
+@functools.cache
+def _field_types() -> dict[str, tuple[Any, ...]]:
+    """Field name -> the types its annotation allows (``int | None`` -> (int, NoneType))."""
+    hints = typing.get_type_hints(ModelConfig)
+    return {f.name: typing.get_args(hints[f.name]) or (hints[f.name],) for f in dataclasses.fields(ModelConfig)}
+
+
+def _typed(name: str, value: Any) -> Any:
+    """``value`` if its type fits the field's annotation (an int for a float field becomes a float);
+    otherwise a ConfigError naming the field, the value and the type wanted."""
+    kinds = _field_types()[name]
+    for kind in kinds:
+        if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return _as_float(name, value)
+        if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+            return value
+    wanted = " or ".join(_WANTED.get(kind, getattr(kind, "__name__", str(kind))) for kind in kinds)
+    found = _FOUND.get(type(value), f"a {type(value).__name__}")
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:59] + "…"
+    raise ConfigError(f"{name}={shown} is {found}; {name} must be {wanted}")
+
+
+def _as_float(name: str, value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ConfigError(f"{name}: an integer of {value.bit_length()} bits is too large for a number; write a "
+                          f"float such as 1e30") from None
+
+
+_WANTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+_FOUND = {int: "an integer", float: "a float", bool: "a bool", str: "a string", type(None): "null", list: "a list",
+          dict: "a mapping"}
+
+
+def _check_fields(values: Mapping[str, Any]) -> None:
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     for key in values:
         if key not in names:

@@ -3,10 +3,19 @@ without the KV cache (both give the same tokens; the cache makes each step O(t) 
 
 Prompts of different lengths are left-padded (decoder) or right-padded (encoder source); position
 ids are counted over real tokens only, so a padded prompt decodes exactly as it would alone.
+
+Limits, checked before anything is allocated: a setting that cannot work is a ConfigError naming it;
+a prompt without tokens, or longer than the model's positions, is a PromptError; a length whose keys
+and values cannot fit in the device's memory is refused, saying how many new tokens would fit. A
+model whose positions end (a learned table) stops there with a GenerationLimitWarning and returns
+what it generated.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -14,10 +23,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo.position import position_limit
+from zoo.registry import ConfigError
+
 if TYPE_CHECKING:
     from zoo.kv_cache import Cache
 
 Prompts = Tensor | Sequence[Sequence[int]] | Sequence[Tensor]
+
+
+class PromptError(ValueError):
+    """Prompts the model cannot read: none, one without tokens, or one longer than its positions."""
+
+
+class GenerationLimitWarning(UserWarning):
+    """``generate`` stopped before ``max_new_tokens``: the model's positions end there."""
 
 
 def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.device | None = None
@@ -26,6 +46,8 @@ def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.devic
     if isinstance(seqs, Tensor):
         return seqs, torch.ones_like(seqs)
     rows = [torch.as_tensor(s, dtype=torch.long) for s in seqs]
+    if not rows:
+        raise PromptError("input_ids holds no prompts; pass at least one sequence of token ids")
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
@@ -112,11 +134,16 @@ class _EncoderDecoderSteps:
 def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None) -> Tensor:
     """Temperature, then keep the k most likely tokens, then the smallest set whose probability
-    reaches top_p (Holtzman et al. 2020); everything else gets -inf. (B, V) -> (B, V)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 (use do_sample=False for greedy)")
+    reaches top_p (Holtzman et al. 2020); everything else gets -inf. (B, V) -> (B, V).
+
+    ``top_k`` 0 or None keeps every token (as in HF transformers); ``top_p`` must be in (0, 1], and
+    1 or None keeps every token. ``temperature`` must be > 0 here: ``generate`` reads 0 as greedy."""
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    if temperature == 0:
+        raise ConfigError("temperature=0 cannot scale logits; generate() decodes greedily at 0, filter_logits "
+                          "needs temperature > 0")
     logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
+    if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
@@ -127,7 +154,29 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None
     return logits
 
 
+def check_sampling(*, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise a ConfigError naming the first sampling setting that cannot work."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
+        raise ConfigError(f"temperature={temperature!r} must be a number >= 0 (0 decodes greedily)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0):
+        raise ConfigError(f"top_k={top_k!r} must be a whole number >= 0 (0 or null: no top-k filter)")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
+        raise ConfigError(f"top_p={top_p!r} must be in (0, 1] (1 or null: no nucleus filter)")
+
+
+def _check_counts(max_new_tokens: int, num_beams: int) -> None:
+    for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_beams", num_beams, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ConfigError(f"{name}={value!r} must be a whole number >= {least}")
+
+
 class GenerationMixin:
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model's position encodings can number (a learned table ends at
+        its ``max_len``); None when they are unbounded."""
+        return position_limit(self.config)
+
     @torch.no_grad()
     def generate(self, input_ids: Prompts, max_new_tokens: int = 20, *, attention_mask: Tensor | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
@@ -137,40 +186,131 @@ class GenerationMixin:
         """Continue ``input_ids`` by up to ``max_new_tokens`` tokens.
 
         Args:
-            input_ids: (B, T) tensor, or a list of token-id sequences of different lengths.
+            input_ids: (B, T) tensor, or a list of token-id sequences of different lengths; every
+                prompt needs at least one token (else a PromptError).
             attention_mask: (B, T), 1 = token, 0 = padding (left padding for decoders).
+            do_sample: sample from the filtered distribution; False (or ``temperature=0``) is greedy.
+            temperature: > 0 scales the logits before sampling; 0 means greedy, as in other tools.
+            top_k: sample among the k most likely tokens; 0 or None: no top-k filter (as in HF).
+            top_p: nucleus sampling, in (0, 1]; 1 or None: no nucleus filter.
             eos_token_id: stop a sequence at this token; -1 (default) means ``config.eos_token_id``,
                 None never stops early. Finished sequences are padded with ``pad_token_id``.
-            num_beams: > 1 runs beam search (scores divided by length**length_penalty).
+            num_beams: >= 1; > 1 runs beam search (scores divided by length**length_penalty).
 
         Returns:
             decoder: (B, T + n) prompt and continuation; encoder_decoder: (B, 1 + n) starting with
-            ``decoder_start_token_id``.
+            ``decoder_start_token_id``. The output never holds more tokens than the model's
+            positions can number (``max_positions``): generation stops there, n < max_new_tokens,
+            with a GenerationLimitWarning. A prompt longer than that is a PromptError, and a length
+            whose keys and values cannot fit in the device's free memory a ConfigError.
         """
         cfg = self.config
         if cfg.arch == "encoder":
             raise TypeError("an encoder does not generate; use arch='decoder' or 'encoder_decoder'")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        _check_counts(max_new_tokens, num_beams)
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        do_sample = do_sample and temperature > 0
         eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
         pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
         device = self.embed.weight.device
         ids, mask = pad_sequences(input_ids, pad, left=cfg.arch == "decoder", device=device)
         if attention_mask is not None:
             mask = attention_mask.to(device)
+        _check_prompts(mask)
+        start = ids.shape[1] if cfg.arch == "decoder" else 1  # tokens the output holds before the new ones
+        new = self._room(ids.shape[1], start, max_new_tokens)
+        self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
         was_training = self.training
         self.eval()
         try:
             steps_cls = _DecoderSteps if cfg.arch == "decoder" else _EncoderDecoderSteps
             if num_beams > 1:
                 index = torch.arange(ids.shape[0], device=device).repeat_interleave(num_beams)
-                steps = steps_cls(self, ids[index], mask[index], use_cache, max_new_tokens)
-                return _beam_search(steps, ids.shape[0], num_beams, max_new_tokens, eos, pad, length_penalty)
-            steps = steps_cls(self, ids, mask, use_cache, max_new_tokens)
-            return _sample(steps, max_new_tokens, eos, pad, do_sample=do_sample, temperature=temperature,
-                           top_k=top_k, top_p=top_p, generator=generator)
+                steps = steps_cls(self, ids[index], mask[index], use_cache, new)
+                out = _beam_search(steps, ids.shape[0], num_beams, new, eos, pad, length_penalty)
+            else:
+                steps = steps_cls(self, ids, mask, use_cache, new)
+                out = _sample(steps, new, eos, pad, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                              top_p=top_p, generator=generator)
         finally:
             self.train(was_training)
+        if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
+            held = f"the prompt took {start}" if cfg.arch == "decoder" else "the start token took 1"
+            warnings.warn(f"generation stopped after {new} of max_new_tokens={max_new_tokens} new tokens: the model "
+                          f"numbers at most {self.max_positions} positions (max_seq_len) and {held}",
+                          GenerationLimitWarning, stacklevel=3)
+        return out
+
+    def _room(self, width: int, start: int, max_new: int) -> int:
+        """How many of ``max_new`` tokens the positions leave room for; a PromptError when even the
+        prompt (decoder) or the source (encoder-decoder) is longer than they can number."""
+        limit = self.max_positions
+        if limit is None:
+            return max_new
+        if width > limit:
+            what = "prompt" if self.config.arch == "decoder" else "source"
+            raise PromptError(f"the {what} is {width} tokens long but the model's positions end at {limit} "
+                              f"(max_seq_len={limit}); shorten it")
+        return min(max_new, limit - start)
+
+    def _check_memory(self, rows: int, start: int, new: int, max_new: int, device: torch.device) -> None:
+        """Refuse, before allocating, a length whose keys and values (the KV cache: 2 x layers x
+        kv_heads x head_dim per position and sequence) and token ids cannot fit in free memory."""
+        free = _free_bytes(device)
+        if free is None:
+            return
+        cfg = self.config
+        layers = len(self.stacks()[-1].blocks)
+        per_position = rows * (2 * layers * cfg.kv_heads * cfg.dim_head * self.embed.weight.element_size() + 8)
+        if (start + new) * per_position <= free:
+            return
+        fits = max(0, free // per_position - start)
+        raise ConfigError(f"max_new_tokens={max_new} cannot fit: {rows} sequence(s) of {start + new} positions "
+                          f"need {(start + new) * per_position / 2**30:.3g} GiB for keys, values and ids, and "
+                          f"{device.type} has {free / 2**30:.3g} GiB free; at most {fits} new tokens fit "
+                          f"(fewer prompts or beams leave room for more)")
+
+
+def _check_prompts(mask: Tensor) -> None:
+    """Every prompt has at least one token. mask: (B, T), 1 = token."""
+    if mask.shape[0] == 0:
+        raise PromptError("input_ids holds no prompts; pass at least one sequence of token ids")
+    empty = (mask.sum(-1) == 0).nonzero()[:, 0].tolist()
+    if empty:
+        raise PromptError(f"prompt {empty[0]} of input_ids has no tokens ({len(empty)} empty in all); give "
+                          f"every prompt at least one token")
+
+
+def _stopped_by_length(generated: Tensor, new: int, eos: int | None) -> bool:
+    """Whether generation ran all ``new`` steps with some sequence not yet ended by ``eos``."""
+    if generated.shape[1] < new:
+        return False
+    return eos is None or not bool((generated == eos).any(dim=-1).all())
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Memory the device can still give, in bytes; None where zoo cannot tell."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        return _available_ram()
+    return None
+
+
+def _available_ram() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else the physical memory, else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _sample(steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, temperature: float,

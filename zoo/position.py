@@ -34,6 +34,11 @@ class Position(nn.Module):
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Position:
         return cls()
 
+    @classmethod
+    def limit(cls, cfg: ModelConfig) -> int | None:
+        """The ``max_len`` a model of ``cfg`` will have, known without building it."""
+        return None
+
     def embed(self, position_ids: Tensor) -> Tensor | None:
         return None
 
@@ -82,6 +87,10 @@ class Learned(Position):
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Learned:
         assert cfg.max_seq_len is not None  # ModelConfig.validate guarantees it
         return cls(cfg.max_seq_len, cfg.d_model)
+
+    @classmethod
+    def limit(cls, cfg: ModelConfig) -> int | None:
+        return cfg.max_seq_len
 
     def embed(self, position_ids: Tensor) -> Tensor:
         return self.table(position_ids)
@@ -199,3 +208,8 @@ class T5Relative(Position):
         buckets = t5_relative_bucket(relative, bidirectional=self.bidirectional,
                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
         return self.table(buckets).permute(2, 0, 1)  # (H, Tq, Tk)
+
+
+def position_limit(cfg: ModelConfig) -> int | None:
+    """The most positions a model of ``cfg`` can take (None: its positions are unbounded)."""
+    return POSITION.get(cfg.position, field="position").limit(cfg)

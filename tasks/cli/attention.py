@@ -44,7 +44,8 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 import zoo
-from tasks.cli.common import conf_dir, fail, load_task, quote_free_text
+from tasks.cli.common import conf_dir, literal, load_task, quote_free_text, user_errors
+from tasks.errors import UserError
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, layers_by_kind
 
 matplotlib.use("Agg")
@@ -77,40 +78,75 @@ class HeadRow:
 def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
     """The model (eval mode), its tokenizer and a name for where it came from."""
     if bool(cfg.ckpt_path) == bool(cfg.model_dir):
-        raise ValueError("give ckpt_path=<zoo-train checkpoint> or model_dir=<zoo-export safetensors folder> "
-                         "(exactly one)")
+        raise UserError("give ckpt_path=<zoo-train checkpoint> or model_dir=<zoo-export safetensors folder> "
+                        "(exactly one)")
     if cfg.ckpt_path:
-        if not Path(cfg.ckpt_path).is_file():
-            raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} is not a file")
-        task, _ = load_task(cfg.ckpt_path)
-        tokenizer = Tokenizer.from_file(cfg.tokenizer_path) if cfg.tokenizer_path else task.tokenizer
-        return task.model.eval(), tokenizer, str(cfg.ckpt_path)
+        if not Path(cfg.ckpt_path).exists():
+            raise UserError(f"ckpt_path={cfg.ckpt_path} is not a file (nothing is there); check the path")
+        task, _ = load_task(cfg.ckpt_path)  # a directory, an empty, text or damaged file: CheckpointError
+        if cfg.tokenizer_path:
+            return task.model.eval(), read_tokenizer(Path(cfg.tokenizer_path), "tokenizer_path"), str(cfg.ckpt_path)
+        if task.tokenizer_json is None:
+            raise zoo.CheckpointError(f"{cfg.ckpt_path} holds no tokenizer; pass tokenizer_path=<tokenizer.json>")
+        return task.model.eval(), task.tokenizer, str(cfg.ckpt_path)
     folder = Path(cfg.model_dir)
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"model_dir={folder} has no config.json and model.safetensors "
-                                "(write one with zoo-export format=safetensors)")
+        raise UserError(f"model_dir={folder} has no config.json and model.safetensors "
+                        "(write one with zoo-export format=safetensors)")
     tokenizer_path = Path(cfg.tokenizer_path) if cfg.tokenizer_path else folder / "tokenizer.json"
-    if not tokenizer_path.is_file():
-        raise FileNotFoundError(f"{tokenizer_path} not found; the model folder needs its tokenizer "
-                                "(zoo-export writes it) or pass tokenizer_path=<tokenizer.json>")
-    return zoo.load_pretrained(folder), Tokenizer.from_file(str(tokenizer_path)), str(folder)
+    tokenizer = read_tokenizer(tokenizer_path, "tokenizer_path" if cfg.tokenizer_path else "model_dir")
+    return zoo.load_pretrained(folder), tokenizer, str(folder)  # a damaged folder: CheckpointError
+
+
+def read_tokenizer(path: Path, field: str) -> Tokenizer:
+    """A tokenizer.json; a UserError naming ``field`` when it is missing or not a tokenizer."""
+    if not path.is_file() and field == "model_dir":
+        raise UserError(f"model_dir: {path} not found; the model folder needs its tokenizer (zoo-export writes it) "
+                        f"or pass tokenizer_path=<tokenizer.json>")
+    if not path.is_file():
+        raise UserError(f"tokenizer_path={path}: no such file; check the path")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        raise UserError(f"{field}: {path} is not a tokenizer.json ({_first_line(error)}); pass the tokenizer.json "
+                        f"the model was trained with") from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:160] if lines else type(error).__name__
+
+
+def whole(cfg: DictConfig, key: str, least: int) -> int:
+    """``cfg[key]`` as a whole number >= ``least``; a UserError naming it otherwise."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise UserError(f"{key}={value!r} must be a whole number >= {least}")
+    return value
+
+
+def check_thresholds(cfg: DictConfig) -> None:
+    """The flag thresholds are numbers; a UserError naming the first that is not."""
+    for key in ("flat_threshold", "sink_threshold", "diagonal_threshold"):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"{key}={value!r} must be a number (see conf/attention.yaml)")
 
 
 def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs:
     """Tokenize ``text`` (and ``target``) as the tasks do in training, cut to ``max_tokens``."""
     config = model.config
-    if cfg.text is None or not str(cfg.text).strip():
-        raise ValueError('text="…" is required: the text to look at (the source sentence for a translator)')
-    if cfg.target is not None and config.arch != "encoder_decoder":
-        raise ValueError(f"target= is for encoder-decoder models; this model is arch={config.arch!r}")
-    limit = int(cfg.max_tokens)
-    if limit < 2:
-        raise ValueError(f"max_tokens={limit} must be at least 2")
-    if config.position == "learned" and config.max_seq_len:
-        limit = min(limit, config.max_seq_len)  # the position table ends there
-    ids = tokenizer.encode(str(cfg.text)).ids
+    text, target_text = literal(cfg, "text"), literal(cfg, "target")
+    if text is None or not text.strip():
+        raise UserError('text="…" is required: the text to look at (the source sentence for a translator)')
+    if target_text is not None and config.arch != "encoder_decoder":
+        raise UserError(f"target= is for encoder-decoder models; this model is arch={config.arch!r}")
+    limit = whole(cfg, "max_tokens", 2)
+    if model.max_positions is not None:
+        limit = min(limit, model.max_positions)  # the position table ends there
+    ids = tokenizer.encode(text).ids
     if not ids:
-        raise ValueError(f"text={cfg.text!r} gives no tokens")
+        raise UserError(f"text={text!r} gives no tokens; give some text")
     inputs = Inputs(ids=ids[:limit])
     if config.arch == "encoder_decoder" and config.eos_token_id is not None:
         # the source ends with </s>, also when cut, as in TranslationDataModule
@@ -121,12 +157,13 @@ def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs
     if config.arch != "encoder_decoder":
         return inputs
     start = config.decoder_start_token_id
-    if cfg.target is not None:
-        target = [start] + tokenizer.encode(str(cfg.target)).ids
+    if target_text is not None:
+        target = [start] + tokenizer.encode(target_text).ids
         inputs.notes.append("decoder reads the given target")
     else:
+        new = min(whole(cfg, "max_new_tokens", 0), limit - 1)
         with torch.no_grad():
-            out = model.generate(torch.tensor([inputs.ids]), min(int(cfg.max_new_tokens), limit - 1), do_sample=False)
+            out = model.generate(torch.tensor([inputs.ids]), new, do_sample=False)
         target = out[0].tolist()
         if config.eos_token_id in target[1:]:
             target = target[: target.index(config.eos_token_id, 1)]  # the step that chose </s> is kept as a query
@@ -262,14 +299,13 @@ def markdown(rows: list[HeadRow], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@user_errors
 def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     """Everything zoo-attention does, into ``out``; returns a summary (files written, flag counts).
     Bad input (no checkpoint, no text, …) exits with a one-line ``zoo: …`` message."""
-    try:
-        model, tokenizer, source = load(cfg)
-        inputs = encode(model, tokenizer, cfg)
-    except (ValueError, FileNotFoundError, zoo.ConfigError) as error:
-        fail(error)
+    model, tokenizer, source = load(cfg)
+    inputs = encode(model, tokenizer, cfg)
+    check_thresholds(cfg)
     maps = capture(model, inputs)
     src_labels = token_labels(tokenizer, inputs.ids)
     tgt_labels = token_labels(tokenizer, inputs.target) if inputs.target is not None else None
@@ -298,7 +334,8 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
 
     thresholds = (f"flat: normalised entropy > {cfg.flat_threshold}; sink: first-token mass > {cfg.sink_threshold}; "
                   f"diagonal / previous: self / previous mass > {cfg.diagonal_threshold}")
-    header = [f"# Attention heads of {source}", "", f"text: {cfg.text!r}", *[f"note: {n}" for n in inputs.notes],
+    text = literal(cfg, "text")
+    header = [f"# Attention heads of {source}", "", f"text: {text!r}", *[f"note: {n}" for n in inputs.notes],
               "", "Rows that see a single key (the first under a causal mask) are left out of the means. "
               f"{thresholds}."]
     (out / "heads.md").write_text(markdown(rows, header), encoding="utf-8")

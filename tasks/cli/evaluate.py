@@ -13,25 +13,29 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tasks.cli.common import conf_dir, data_module, load_task
+from tasks.cli.common import conf_dir, data_module, load_task, user_errors
+from tasks.errors import UserError
+from zoo.io import atomic_write_text
 
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
+@user_errors
 def main(cfg: DictConfig) -> dict[str, float]:
     if cfg.split not in ("test", "val"):
-        raise ValueError(f"split={cfg.split!r} must be 'test' or 'val'")
+        raise UserError(f"split={cfg.split!r} must be 'test' or 'val'")
     task, info = load_task(cfg.ckpt_path)
     datamodule = data_module(info, task, **OmegaConf.to_container(cfg.data, resolve=True))
     trainer = instantiate(cfg.trainer, callbacks=[RichProgressBar()], enable_checkpointing=False)
     run = trainer.test if cfg.split == "test" else trainer.validate
     metrics = {k: float(v) for k, v in run(task, datamodule=datamodule, verbose=False)[0].items()}
     out = Path(HydraConfig.get().runtime.output_dir)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     table = Table(title=f"zoo-eval ({cfg.split} split)", show_header=False)
     table.add_row("checkpoint", str(cfg.ckpt_path))
     for name, value in sorted(metrics.items()):
         table.add_row(name, f"{value:.4f}")
     Console().print(table)
+    print(f"metrics written to {out / 'metrics.json'}")
     return metrics
 
 

@@ -2,24 +2,42 @@
 
 - ``format=safetensors``: config.json, config.yaml, model.safetensors, tokenizer.json (and the
   classifier head); ``zoo.load_pretrained(folder)`` reloads the model with identical outputs.
-- ``format=onnx``: model.onnx with dynamic batch and sequence axes, checked with onnxruntime
-  against PyTorch (the max abs difference is printed), plus tokenizer.json and config.json.
+- ``format=onnx``: model.onnx with dynamic batch and sequence axes (its weights in model.onnx.data
+  beside it when the model is too large for one file), checked with onnxruntime against PyTorch
+  (the max abs difference is printed), plus tokenizer.json and config.json.
+
+``out=`` may be a new or empty folder, or one a previous zoo-export wrote: its config.json carries
+a ``zoo_export`` record listing the files that export wrote. Only the files this export writes are
+replaced, each atomically (a kill leaves the previous file); nothing else in the folder is touched.
+Any other non-empty folder is refused unless ``overwrite=true``, which still replaces only those files.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 import zoo
 from tasks import ClassifierTask, MLMTask, ZooTask
-from tasks.cli.common import conf_dir, load_task
+from tasks.cli.common import conf_dir, load_task, user_errors
+from tasks.errors import UserError
 from zoo.attention import Attention
+from zoo.io import atomic_write_text
+
+FORMATS = ("safetensors", "onnx")
+RECORD = "zoo_export"  # the key of config.json that marks a folder zoo-export wrote
+ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
 
 class ExportGraph(nn.Module):
@@ -52,16 +70,89 @@ class ExportGraph(nn.Module):
         return inputs
 
 
+# ---- the destination folder ---------------------------------------------------------------------
+def files_of(task: ZooTask, fmt: str) -> list[str]:
+    """Every file an export of ``task`` in format ``fmt`` may write into its folder."""
+    if fmt == "onnx":
+        return ["config.json", "model.onnx", "model.onnx.data", "tokenizer.json"]
+    head = ["head.safetensors"] if isinstance(task, ClassifierTask) else []
+    return ["config.json", "model.safetensors", "config.yaml", "tokenizer.json", *head]
+
+
+def exported_files(folder: Path) -> list[str] | None:
+    """The files a previous zoo-export recorded in ``folder``'s config.json; None when the folder
+    holds no export of ours (no config.json, not JSON, or no ``zoo_export`` record)."""
+    path = folder / "config.json"
+    if not path.is_file() or path.stat().st_size > 64 * 2**20:
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    entry = record.get(RECORD) if isinstance(record, dict) else None
+    files = entry.get("files") if isinstance(entry, dict) else None
+    if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
+        return None
+    return files
+
+
+def check_destination(out: Path, files: Sequence[str], *, overwrite: bool) -> None:
+    """Refuse ``out=`` when the export could replace a file it did not write: a non-empty folder
+    that is no export of ours, or a file of ours that the previous export did not write
+    (``overwrite`` allows both: only ``files`` are replaced, nothing is deleted)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"out={out} is a file, not a folder; choose a folder (it is created if missing)")
+    if not out.is_dir():
+        return
+    folders = [name for name in files if (out / name).is_dir()]
+    if folders:
+        raise UserError(f"out={out}: {_names(folders)} is a folder where the export writes a file; move it away "
+                        f"or choose another out=")
+    if overwrite:
+        return
+    previous = exported_files(out)
+    if previous is None:
+        present = sorted(p.name for p in out.iterdir())
+        if present:
+            raise UserError(f"out={out} holds files zoo-export did not write ({_names(present)}); choose a new or "
+                            f"empty folder, or set overwrite=true to replace {_names(files)} there (nothing else is "
+                            f"touched)")
+        return
+    foreign = [name for name in files if name not in previous and os.path.lexists(out / name)]
+    if foreign:
+        raise UserError(f"out={out}: {_names(foreign)} was not written by zoo-export; move it away, or set "
+                        f"overwrite=true to replace it")
+
+
+def export_record(out: Path, fmt: str, written: Sequence[str]) -> dict[str, Any]:
+    """The ``zoo_export`` record of config.json: the files of this export and those a previous
+    export wrote there (still ours, so a later export may replace them)."""
+    kept = [name for name in exported_files(out) or [] if os.path.lexists(out / name)]
+    return {"format": fmt, "zoo_version": zoo.__version__, "files": sorted({*kept, *written})}
+
+
+def _names(names: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---- the formats --------------------------------------------------------------------------------
 def export_safetensors(task: ZooTask, info: dict, out: Path) -> float:
-    extra = {"task": info["task"]}
+    """Write the safetensors folder (config.json, with its record, first) and return the max abs
+    difference of the reloaded model's outputs."""
+    files = files_of(task, "safetensors")
+    extra = {"task": info["task"], **_labels(task), RECORD: export_record(out, "safetensors", files)}
+    if isinstance(task, ClassifierTask):
+        extra["pooling"] = task.pooling
+    zoo.save_pretrained(task.model, out, extra=extra)
+    atomic_write_text(out / "config.yaml", info["config_yaml"])
+    with zoo.atomic_write(out / "tokenizer.json") as tmp:
+        task.tokenizer.save(str(tmp))
     if isinstance(task, ClassifierTask):
         from safetensors.torch import save_model
 
-        extra.update(label_names=task.label_names, pooling=task.pooling)
-        save_model(task.head, str(out / "head.safetensors"))
-    zoo.save_pretrained(task.model, out, extra=extra)
-    (out / "config.yaml").write_text(info["config_yaml"])
-    task.tokenizer.save(str(out / "tokenizer.json"))
+        with zoo.atomic_write(out / "head.safetensors") as tmp:
+            save_model(task.head, str(tmp))
     reloaded = zoo.load_pretrained(out)
     graph = ExportGraph(task)
     args = _model_args(graph.arch, graph.example_inputs())
@@ -75,7 +166,20 @@ def _model_args(arch: str, inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
     return inputs["input_ids"], inputs["attention_mask"]
 
 
+def require_onnx() -> None:
+    """format=onnx needs the ``export`` extra; a UserError names it when a package is missing."""
+    for package in ONNX_PACKAGES:
+        if importlib.util.find_spec(package) is None:
+            raise UserError(f"format=onnx needs the package {package}, which is not installed; install the export "
+                            f"extra: pip install -e \".[export]\"")
+
+
 def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
+    """Write the ONNX folder and return the max abs difference between onnxruntime and PyTorch.
+
+    The graph is saved in a temporary folder first, then each file is copied into ``out`` through
+    ``zoo.atomic_write``: the weights file (when there is one) before the graph that names it."""
+    require_onnx()
     import numpy as np
     import onnxruntime
 
@@ -88,15 +192,22 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     if "decoder_input_ids" in inputs:
         shapes["decoder_input_ids"] = {0: batch, 1: target}
-    path = out / "model.onnx"
-    torch.onnx.export(graph, (), str(path), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
-                      output_names=["output"], opset_version=opset, dynamo=True, verbose=False)
-    task.tokenizer.save(str(out / "tokenizer.json"))
-    (out / "config.json").write_text(json.dumps({"model": task.model.config.to_dict(), "task": info["task"],
-                                                 **_labels(task)}, indent=2))
+    program = torch.onnx.export(graph, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
+                                output_names=["output"], opset_version=opset, dynamo=True, verbose=False)
+    with tempfile.TemporaryDirectory(prefix="zoo-export-") as stage:
+        program.save(Path(stage) / "model.onnx")  # + model.onnx.data when over torch's single-file limit
+        staged = sorted(os.listdir(stage), key=lambda name: name == "model.onnx")
+        record = export_record(out, "onnx", ["config.json", *staged, "tokenizer.json"])
+        atomic_write_text(out / "config.json", json.dumps({"model": task.model.config.to_dict(), "task": info["task"],
+                                                           **_labels(task), RECORD: record}, indent=2))
+        for name in staged:
+            with zoo.atomic_write(out / name) as tmp:
+                shutil.copyfile(Path(stage) / name, tmp)
+    with zoo.atomic_write(out / "tokenizer.json") as tmp:
+        task.tokenizer.save(str(tmp))
     # check at other shapes than the traced ones: the axes must really be dynamic
     check = ExportGraph(task).example_inputs(batch=3, length=11)
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     got = session.run(None, {k: v.numpy() for k, v in check.items()})[0]
     with torch.no_grad():
         want = graph(**check).numpy()
@@ -107,13 +218,22 @@ def _labels(task: ZooTask) -> dict:
     return {"label_names": task.label_names} if isinstance(task, ClassifierTask) else {}
 
 
+# ---- the verb -----------------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="export")
+@user_errors
 def main(cfg: DictConfig) -> float:
-    if cfg.format not in ("safetensors", "onnx"):
-        raise ValueError(f"format={cfg.format!r} must be 'safetensors' or 'onnx'")
+    for key in ("ckpt_path", "out"):
+        if OmegaConf.is_missing(cfg, key):
+            raise UserError(f"{key}= is not set; zoo-export ckpt_path=<checkpoint> out=<folder> [format=onnx]")
+    if cfg.format not in FORMATS:
+        raise UserError(f"format={cfg.format!r} is not an export format; choose format=safetensors or format=onnx")
+    if not isinstance(cfg.overwrite, bool):
+        raise UserError(f"overwrite={cfg.overwrite!r} must be true or false")
+    if cfg.format == "onnx":
+        require_onnx()
+    out = Path(cfg.out).expanduser()
     task, info = load_task(cfg.ckpt_path)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_destination(out, files_of(task, cfg.format), overwrite=cfg.overwrite)
     if cfg.format == "safetensors":
         diff = export_safetensors(task, info, out)
         print(f"exported {out}/model.safetensors; zoo.load_pretrained reload: max abs diff {diff:.3g}")

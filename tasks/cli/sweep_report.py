@@ -2,7 +2,8 @@
 
 Reads a grid multirun (each job's ``.hydra/overrides.yaml``, ``config.yaml`` and ``logs/metrics.csv``)
 or an Optuna sweep of ``hydra/sweeper=zoo_optuna`` (``optimization_results.yaml`` names the study,
-whose trials, resumed runs included, are read from its storage). Writes ``sweep_report.md`` and
+whose trials, resumed runs included, are read from its storage: read-only, and only a storage that
+exists; the report never creates one). Writes ``sweep_report.md`` and
 ``sweep_<param>.png`` into the directory and prints the table::
 
     zoo-sweep-report outputs/gpt_generator/multiruns/2026-11-29_14-00-00
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from omegaconf import OmegaConf
 
@@ -121,7 +123,7 @@ def read_optuna(path: Path, results: Any) -> Sweep:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=results.study_name, storage=str(results.storage))
+    study = load_study_read_only(path / "optimization_results.yaml", str(results.study_name), str(results.storage))
     mode = "max" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "min"
     jobs = job_dirs(path)
     metric = results.get("metric") or (monitor_of(jobs[0])[0] if jobs else "value")
@@ -149,6 +151,34 @@ def read_optuna(path: Path, results: Any) -> Sweep:
     header = (f"Optuna study `{study.study_name}` ({results.storage}), {study.direction.name.lower()} {metric}, "
               f"{len(trials)} trials: {counts}")
     return Sweep(path, metric, mode, trials, fixed, log_params, categorical, header)
+
+
+def load_study_read_only(results: Path, study_name: str, url: str) -> Any:
+    """The study an ``optimization_results.yaml`` names, from a storage that must already exist.
+
+    A sqlite file is opened read-only (nothing is created or written, whatever the file says); a
+    server URL without creating tables. Anything that cannot be read is a NotASweep naming ``results``."""
+    import optuna
+    import sqlalchemy
+
+    where = f"{results}: storage {url}"
+    if url.startswith("sqlite:"):
+        file = Path(url.removeprefix("sqlite:").removeprefix("///").partition("?")[0])
+        if not url.startswith("sqlite:///") or not file.is_file():
+            raise NotASweep(f"{where} is not an existing sqlite file; the report only reads a study, never creates "
+                            f"one: point storage: at the sweep's database (the sweep printed it)")
+        url = f"sqlite:///file:{quote(str(file.resolve()))}?mode=ro&uri=true"  # quote() also escapes { }
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise NotASweep(f"{where} holds no study {study_name!r}; check study_name: in the file") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.OptunaError, ImportError, ValueError,
+            RuntimeError) as error:
+        cause = error.__cause__ or error  # optuna wraps the database's own message
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:160]
+        raise NotASweep(f"{where} cannot be read as an Optuna study ({reason}); point storage: at the sweep's "
+                        f"database") from None
 
 
 def job_overrides(job: Path) -> dict[str, tuple[str, Any]]:
@@ -289,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         sweep = read_sweep(args.sweep_dir)
     except NotASweep as error:
-        print(f"zoo-sweep-report: {error}", file=sys.stderr)
+        print(f"zoo: NotASweep: {error}", file=sys.stderr)
         sys.exit(2)
     text = markdown(sweep)
     plots = [] if args.no_plots else plot(sweep, args.sweep_dir)

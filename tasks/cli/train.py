@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import hydra
 import lightning as L
@@ -21,59 +22,123 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
+from tokenizers import Tokenizer
 
 import zoo
 from hydra_plugins.zoo_optuna_sweeper import sweeper as optuna_sweeper
 from tasks import TASKS
-from tasks.cli.common import check_composition, conf_dir, fail, load_task, register_model_schema, run_info
+from tasks.checkpoints import ZooCheckpointIO, claim_run_dir
+from tasks.cli.common import check_composition, conf_dir, register_model_schema, run_info, user_errors
+from tasks.data.tokenizers import read_tokenizer
+from tasks.loggers import CSVLogger
 
 register_model_schema()
 optuna_sweeper.register()  # hydra/sweeper=zoo_optuna, also from an editable install
 
 
 def train(cfg: DictConfig) -> float | None:
-    model_cfg = check_composition(cfg)  # bad combinations stop here, before any data is read
-    L.seed_everything(cfg.seed, workers=True)
+    model_cfg = check_composition(cfg)  # bad combinations and values stop here, before any data is read
     output_dir = Path(cfg.paths.output_dir)
     first = rank_zero_only.rank == 0  # in a distributed run the other processes start this script too
+    resume = load_checkpoint(cfg.ckpt_path, "ckpt_path") if cfg.ckpt_path else None
+    start = load_checkpoint(cfg.init_from, "init_from") if cfg.init_from else None
+    if first:  # nothing is written before the checkpoints have loaded and the directory is ours
+        claim_run_dir(output_dir, resume_from=cfg.ckpt_path)
+    L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data, _convert_="all")
-    if cfg.init_from:  # the tokenizer must be the one the weights were trained with
-        datamodule.tokenizer = load_task(cfg.init_from)[0].tokenizer
+    if resume or start:  # the tokenizer must be the one the weights were trained with
+        datamodule.tokenizer = checkpoint_tokenizer(resume or start, cfg)
+    elif not first and (output_dir / "tokenizer.json").is_file():  # DDP ranks > 0 start after rank 0 saved it:
+        datamodule.tokenizer = read_tokenizer(output_dir / "tokenizer.json")  # one tokenizer for every rank
     datamodule.setup("fit")
-    output_dir.mkdir(parents=True, exist_ok=True)
     if first:
         datamodule.tokenizer.save(str(output_dir / "tokenizer.json"))
 
-    model_cfg = model_cfg.replace(**datamodule.model_sizes())
+    model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes()))
+    if resume:
+        check_same_model(model_cfg, resume, cfg.ckpt_path)
     task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
                        tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(), _convert_="all")
     task.run_info = run_info(cfg, task_name=next(k for k, v in TASKS.items() if type(task) is v))
-    if cfg.init_from:
-        task.init_from(cfg.init_from)
+    if start:
+        task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
     if cfg.model.get("compile"):
         task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    checkpoint_io = ZooCheckpointIO(own_dir=output_dir / "checkpoints",
+                                    preloaded={str(cfg.ckpt_path): resume} if resume else None)
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
+                                     plugins=[checkpoint_io])
     if first:
-        (output_dir / "config.yaml").write_text(task.run_info["config_yaml"])
+        zoo.io.atomic_write_text(output_dir / "config.yaml", task.run_info["config_yaml"])
+        if resume:
+            for logger in loggers:  # one metrics file per run: rows the interrupted attempt logged after
+                if isinstance(logger, CSVLogger):  # the checkpoint are logged again
+                    logger.resume_at(int(resume["global_step"]))
     relaunch_as_this_job()
 
     if cfg.train:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
         if not trainer.fast_dev_run:  # the final state, even when the last step was not a validation step
             trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
-        results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+        results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
     if trainer.is_global_zero:
         summarize(output_dir, best, metrics, model_cfg)
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
+
+
+def load_checkpoint(path: str, field: str) -> dict[str, Any]:
+    """A zoo-train checkpoint through the weights-only loader; errors name the field."""
+    try:
+        checkpoint = zoo.load_weights_file(path)
+    except zoo.CheckpointError as error:
+        raise zoo.CheckpointError(f"{field}={error}") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("zoo_run"), dict) \
+            or "state_dict" not in checkpoint:
+        raise zoo.CheckpointError(f"{field}={path} is not a zoo-train checkpoint (no zoo_run record); pass one "
+                                  f"from <run>/checkpoints/")
+    return checkpoint
+
+
+def checkpoint_tokenizer(checkpoint: dict[str, Any], cfg: DictConfig) -> Tokenizer:
+    """The tokenizer stored in a checkpoint; an explicit, different data.tokenizer_path is refused."""
+    text = checkpoint.get("tokenizer_json")
+    if not isinstance(text, str):
+        raise zoo.CheckpointError("the checkpoint holds no tokenizer; pass a checkpoint written by zoo-train")
+    tokenizer = Tokenizer.from_str(text)
+    given = cfg.data.get("tokenizer_path")
+    if given and read_tokenizer(given).to_str() != tokenizer.to_str() and not cfg.init_partial:
+        raise zoo.ConfigError(f"data.tokenizer_path={given} differs from the tokenizer the checkpoint was trained "
+                              f"with; drop data.tokenizer_path (the checkpoint's is used) or set init_partial=true")
+    return tokenizer
+
+
+def data_sizes(cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int]) -> dict[str, int]:
+    """The sizes the data decides; an explicit model.vocab_size that disagrees is a ConfigError."""
+    explicit = cfg.model.get("vocab_size")
+    if explicit is not None and explicit != sizes["vocab_size"]:
+        raise zoo.ConfigError(f"model.vocab_size={explicit} but the tokenizer has {sizes['vocab_size']} tokens; "
+                              f"drop model.vocab_size (the data decides it) or set data.vocab_size={explicit}")
+    return sizes
+
+
+def check_same_model(model_cfg: zoo.ModelConfig, checkpoint: dict[str, Any], path: str) -> None:
+    """A resumed run trains the model it checkpointed: the composed model must be that one."""
+    theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"])).to_dict()
+    mine = model_cfg.to_dict()
+    diff = [f"model.{k}={theirs[k]!r} there, {mine[k]!r} here" for k in mine if mine[k] != theirs.get(k)]
+    if diff:
+        raise zoo.ConfigError(f"ckpt_path={path} was trained with another model ({'; '.join(diff[:3])}"
+                              f"{'; …' if len(diff) > 3 else ''}); resume with the run's own model settings "
+                              f"(see its config.yaml)")
 
 
 def relaunch_as_this_job() -> None:
@@ -128,17 +193,15 @@ def one_job_of_a_sweep() -> Iterator[None]:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs
-    try:
-        with one_job_of_a_sweep():
+    with one_job_of_a_sweep():
+        if not os.environ.get(optuna_sweeper.TRIAL_ENV):
+            return user_errors(train)(cfg)
+        try:  # a trial of an Optuna sweep: the sweeper records the error as the trial's failure
             return train(cfg)
-    except zoo.ConfigError as error:
-        if os.environ.get(optuna_sweeper.TRIAL_ENV):  # one trial's sampled choice: the sweeper records it failed
+        except Exception as error:
+            if pruned_on_a_rank_above_0(error):
+                return None
             raise
-        fail(error)
-    except Exception as error:
-        if pruned_on_a_rank_above_0(error):
-            return None
-        raise
 
 
 def pruned_on_a_rank_above_0(error: Exception) -> bool:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from tasks.errors import DataError
+
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
 PAD, UNK, BOS, EOS, MASK = range(len(SPECIALS))
 KINDS = ("bpe", "wordpiece", "unigram")
@@ -37,7 +39,7 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> Tokeniz
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, unk_token=SPECIALS[UNK],
                                           show_progress=False)
     else:
-        raise ValueError(f"tokenizer kind {kind!r} is not one of {KINDS}")
+        raise DataError(f"data.tokenizer_kind={kind}: not a tokenizer kind; choose one of {', '.join(KINDS)}")
     tok.train_from_iterator(_batches(texts), trainer=trainer)
     for i, token in enumerate(SPECIALS):
         assert tok.token_to_id(token) == i, f"special token {token} must have id {i}"
@@ -53,13 +55,32 @@ def with_cls_sep(tok: Tokenizer) -> Tokenizer:
 
 
 def load_or_train(path: str | Path | None, texts: Iterable[str], kind: str, vocab_size: int) -> Tokenizer:
+    """The tokenizer.json at ``path`` (data.tokenizer_path), or one trained on ``texts`` when it is None."""
     if path is None:
         return train_tokenizer(texts, kind, vocab_size)
-    tok = Tokenizer.from_file(str(path))
+    tok = read_tokenizer(path)
     wrong = [f"{t}={tok.token_to_id(t)}" for i, t in enumerate(SPECIALS) if tok.token_to_id(t) != i]
     if wrong:
-        raise ValueError(f"{path}: zoo's tasks need the special tokens {SPECIALS} at ids 0..4; found {wrong}")
+        raise DataError(f"data.tokenizer_path={path}: zoo's tasks need the special tokens {SPECIALS} at ids 0..4; "
+                        f"found {', '.join(wrong)}; use a tokenizer.json that zoo-train wrote, or "
+                        f"data.tokenizer_path=null to train one")
     return tok
+
+
+def read_tokenizer(path: str | Path, field: str = "data.tokenizer_path") -> Tokenizer:
+    """A HF ``tokenizers`` JSON file; a DataError naming ``field`` (the setting that gave ``path``)
+    when it is not one."""
+    fix = "point it at a tokenizer.json (zoo-train and zoo-export write one)"
+    if field == "data.tokenizer_path":
+        fix += " or set data.tokenizer_path=null to train one"
+    if not Path(path).is_file():
+        what = "a folder" if Path(path).is_dir() else "no such file"
+        raise DataError(f"{field}={path}: {what}; {fix}")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises a bare Exception for any file it cannot parse
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise DataError(f"{field}={path}: not a tokenizer file ({reason}); {fix}") from error
 
 
 def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:

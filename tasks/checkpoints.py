@@ -1,0 +1,97 @@
+"""How training writes, reads and removes checkpoints, and claims its run directory.
+
+- ``ZooCheckpointIO`` is the Trainer's checkpoint plugin: every save (best, last, on exception,
+  the final one) is atomic and refuses non-finite weights; every load goes through
+  ``zoo.load_weights_file`` (weights only, no URLs); it removes only checkpoints this run wrote
+  or that lie in its own checkpoint folder.
+- ``claim_run_dir`` makes sure a run never writes into another run's directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+
+import zoo
+from tasks.errors import DivergedError, UserError
+
+RUN_MARKER = ".zoo-run"  # written into a run directory when a run claims it
+
+
+class ZooCheckpointIO(CheckpointIO):
+    """Args:
+        own_dir: the run's checkpoint folder; removing files elsewhere is refused.
+        preloaded: checkpoints already read by the caller (path -> contents), not read twice.
+    """
+
+    def __init__(self, own_dir: str | os.PathLike | None = None,
+                 preloaded: dict[str, dict[str, Any]] | None = None) -> None:
+        self.own_dir = Path(own_dir).resolve() if own_dir is not None else None
+        self.preloaded = {str(Path(k).resolve()): v for k, v in (preloaded or {}).items()}
+        self.written: set[Path] = set()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
+                        storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError("zoo's checkpoint writer takes no storage_options")
+        bad = non_finite(checkpoint.get("state_dict", {}))
+        if bad:
+            raise DivergedError(f"the weights are no longer finite ({bad} is not); {Path(path).name} was not "
+                                f"written, the previous one is kept")
+        zoo.atomic_save(checkpoint, path)
+        self.written.add(Path(path).resolve())
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        key = str(Path(path).resolve()) if "://" not in str(path) else str(path)
+        if key in self.preloaded:
+            return self.preloaded.pop(key)
+        return zoo.load_weights_file(path, map_location or "cpu")  # weights_only=True, whatever was asked
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        path = Path(path).resolve()
+        mine = path in self.written or (self.own_dir is not None and self.own_dir in path.parents)
+        if mine and path.is_file():
+            path.unlink()
+            self.written.discard(path)
+
+
+def non_finite(state: dict[str, Any]) -> str | None:
+    """The name of the first floating-point tensor in ``state`` holding a NaN or an infinity."""
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            return name
+    return None
+
+
+def holds_a_run(folder: Path) -> bool:
+    """Whether ``folder`` has files of a zoo-train run (claimed, or from before runs were claimed)."""
+    return (folder / RUN_MARKER).exists() or any((folder / p).exists() for p in ("checkpoints", "logs/metrics.csv"))
+
+
+def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = "paths.output_dir") -> None:
+    """Make ``folder`` this run's directory, or raise a UserError when another run's files are in
+    it. Resuming from a checkpoint inside ``folder`` continues that run there (allowed)."""
+    folder = Path(folder)
+    resuming_here = resume_from is not None and "://" not in resume_from and \
+        folder.resolve() in Path(resume_from).resolve().parents
+    if holds_a_run(folder) and not resuming_here:
+        hint = f"resume it with ckpt_path={folder / 'checkpoints' / 'last.ckpt'}" \
+            if (folder / "checkpoints" / "last.ckpt").exists() else "choose another directory"
+        raise UserError(f"{field}={folder} holds another run's files; a new run never writes there: leave "
+                        f"hydra.run.dir at its default (a fresh directory), or {hint}")
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / RUN_MARKER
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    except FileExistsError:
+        if resuming_here:
+            return
+        raise UserError(f"{field}={folder} was claimed by another run that started at the same time; start "
+                        f"again (a fresh directory is chosen)") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(f"pid {os.getpid()}\n")

@@ -1,0 +1,287 @@
+"""Generation limits in the library (lengths that cannot fit, learned positions that end, empty
+prompts, sampling settings) and zoo-generate / zoo-attention on bad input: free text passes through
+literally, every mistake ends in one ``zoo: …`` line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import lightning
+import pytest
+import torch
+from conftest import tiny_model
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import zoo
+from tasks import ClassifierTask, GeneratorTask, TranslatorTask, ZooTask
+from tasks.cli.attention import attention_report
+from tasks.cli.common import conf_dir, load_task, quote_free_text
+from tasks.cli.generate import main as generate_main
+from tasks.cli.generate import respond
+from tasks.data.tokenizers import EOS, train_tokenizer, with_cls_sep
+from tasks.errors import UserError
+from zoo.generation import GenerationLimitWarning, PromptError, filter_logits
+
+
+# ---- the library ---------------------------------------------------------------------------------
+def test_a_length_that_cannot_fit_is_refused_before_anything_is_allocated(monkeypatch):
+    model = tiny_model(position="rope")
+    monkeypatch.setattr(model, "new_cache", lambda *a, **k: pytest.fail("a cache was allocated"))
+    with pytest.raises(zoo.ConfigError, match=r"max_new_tokens=1000000000000 cannot fit") as error:
+        model.generate(torch.tensor([[5, 6, 7]]), 10**12)
+    fits = int(re.search(r"at most (\d+) new tokens fit", str(error.value)).group(1))
+    assert 0 < fits < 10**12
+    with pytest.raises(zoo.ConfigError, match=r"at most (\d+) new tokens") as beams:  # 4 beams: a quarter fits
+        model.generate(torch.tensor([[5, 6, 7]]), 10**12, num_beams=4)
+    assert int(re.search(r"at most (\d+)", str(beams.value)).group(1)) < fits
+
+
+@pytest.mark.parametrize("arch,beams,use_cache", [("decoder", 1, True), ("decoder", 1, False), ("decoder", 3, True),
+                                                  ("encoder_decoder", 1, True)])
+def test_learned_positions_stop_at_the_table_keep_the_tokens_and_warn(arch, beams, use_cache):
+    model = tiny_model(arch=arch, position="learned", max_seq_len=10)
+    prompt = torch.randint(5, 61, (2, 6))
+    start = 6 if arch == "decoder" else 1  # tokens the output holds before the new ones
+    kw = dict(eos_token_id=None, num_beams=beams, use_cache=use_cache)
+    with pytest.warns(GenerationLimitWarning, match=f"stopped after {10 - start} of max_new_tokens=50"):
+        out = model.generate(prompt, 50, **kw)
+    assert out.shape == (2, 10)  # as many tokens as the positions can number
+    assert torch.equal(out, model.generate(prompt, 10 - start, **kw))  # the same tokens a fitting request gives
+    if beams == 1:  # a text that ends (eos) before the table is not cut short: no warning
+        kw["eos_token_id"] = int(out[0, start])  # the first token row 0 picks
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GenerationLimitWarning)
+            assert model.generate(prompt[:1], 50, **kw).shape == (1, start + 1)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_a_prompt_longer_than_the_positions_is_a_prompt_error(arch):
+    model = tiny_model(arch=arch, position="learned", max_seq_len=8)
+    with pytest.raises(PromptError, match="is 9 tokens long but the model's positions end at 8"):
+        model.generate(torch.randint(5, 61, (1, 9)), 2)
+
+
+@pytest.mark.parametrize("prompts", [[], [[]], [[5, 6], []], torch.zeros(2, 0, dtype=torch.long)])
+def test_empty_prompts_are_refused(prompts):
+    with pytest.raises(PromptError, match="no prompts|has no tokens"):
+        tiny_model().generate(prompts, 3)
+
+
+def test_a_prompt_that_is_all_padding_is_refused():
+    with pytest.raises(PromptError, match="prompt 1 of input_ids has no tokens"):
+        tiny_model().generate(torch.tensor([[5, 6], [0, 0]]), 3, attention_mask=torch.tensor([[1, 1], [0, 0]]))
+
+
+def test_max_positions_asks_the_position_class():
+    assert tiny_model(position="learned", max_seq_len=10).max_positions == 10
+    assert tiny_model(position="rope", max_seq_len=10).max_positions is None  # rope numbers any position
+    assert tiny_model(arch="encoder", position="learned", max_seq_len=12).max_positions == 12
+
+
+def test_temperature_zero_is_greedy():
+    model = tiny_model()
+    prompt = torch.randint(5, 61, (2, 4))
+    greedy = model.generate(prompt, 8, eos_token_id=None)
+    assert torch.equal(model.generate(prompt, 8, eos_token_id=None, do_sample=True, temperature=0.0), greedy)
+
+
+def test_top_k_zero_or_none_keeps_every_token():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isfinite(filter_logits(logits, top_k=0)).all()
+    torch.testing.assert_close(filter_logits(logits, top_k=0), filter_logits(logits, top_k=None))
+    model, prompt = tiny_model(), torch.randint(5, 61, (2, 4))
+    sample = lambda top_k: model.generate(prompt, 8, eos_token_id=None, do_sample=True, top_k=top_k,  # noqa: E731
+                                          generator=torch.Generator().manual_seed(1))
+    assert torch.equal(sample(0), sample(None))
+
+
+@pytest.mark.parametrize("setting,message", [
+    (dict(top_p=0.0), "top_p=0.0 must be in (0, 1]"), (dict(top_p=1.5), "top_p=1.5"),
+    (dict(top_p=float("nan")), "top_p=nan"), (dict(top_k=-1), "top_k=-1 must be a whole number >= 0"),
+    (dict(top_k=2.5), "top_k=2.5"), (dict(temperature=-0.5), "temperature=-0.5 must be a number >= 0"),
+    (dict(temperature="hot"), "temperature='hot'"), (dict(num_beams=0), "num_beams=0 must be a whole number >= 1"),
+    (dict(max_new_tokens=-1), "max_new_tokens=-1 must be a whole number >= 0"),
+    (dict(max_new_tokens="10"), "max_new_tokens='10'"),
+])
+def test_settings_that_cannot_work_are_config_errors_naming_them(setting, message):
+    kw = {"max_new_tokens": 4, "do_sample": True, **setting}
+    with pytest.raises(zoo.ConfigError, match=re.escape(message)):
+        tiny_model().generate(torch.tensor([[5, 6]]), **kw)
+
+
+# ---- checkpoints for the verbs -------------------------------------------------------------------
+LINES = ["def add(a, b):\n    return a + b", "Return the running event loop.", "three hundred and twelve",
+         "trois cent douze", "a ${x} and $HOME {braces}"] * 4
+
+
+def _save(task: ZooTask, kind: str, path: Path) -> Path:
+    """An untrained task saved as zoo-train saves it (plain data: config, tokenizer JSON, tensors)."""
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                "tokenizer_json": task.tokenizer_json, "zoo_run": {"task": kind},
+                "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, path)
+    return path
+
+
+def _model(arch: str, vocab_size: int, **overrides) -> dict:
+    cfg = zoo.ModelConfig(arch=arch, vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                          max_seq_len=32, **overrides)
+    return cfg.to_dict()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("ckpts")
+    bpe = train_tokenizer(LINES, "bpe", vocab_size=120)
+    wordpiece = with_cls_sep(train_tokenizer(LINES, "wordpiece", vocab_size=120))
+    unigram = train_tokenizer(LINES, "unigram", vocab_size=120)
+    out = {
+        "learned": _save(GeneratorTask(model=_model("decoder", bpe.get_vocab_size(), position="learned"),
+                                       optimizer={}, tokenizer_json=bpe.to_str()), "generator", folder / "g.ckpt"),
+        "rope": _save(GeneratorTask(model=_model("decoder", bpe.get_vocab_size(), position="rope"), optimizer={},
+                                    tokenizer_json=bpe.to_str()), "generator", folder / "rope.ckpt"),
+        "classifier": _save(ClassifierTask(model=_model("encoder", wordpiece.get_vocab_size(), position="learned"),
+                                           optimizer={}, label_names=["x", "y"], tokenizer_json=wordpiece.to_str()),
+                            "classifier", folder / "c.ckpt"),
+        "translator": _save(TranslatorTask(model=_model("encoder_decoder", unigram.get_vocab_size(),
+                                                        position="t5_relative", eos_token_id=EOS),
+                                           optimizer={}, tokenizer_json=unigram.to_str()),
+                            "translator", folder / "t.ckpt"),
+    }
+    (folder / "empty.ckpt").write_bytes(b"")
+    (folder / "notes.ckpt").write_text("not a checkpoint\n")
+    data = out["learned"].read_bytes()
+    (folder / "cut.ckpt").write_bytes(data[: len(data) // 2])
+    export = folder / "export"  # a zoo-export folder whose weights file was cut short
+    zoo.save_pretrained(tiny_model(vocab_size=bpe.get_vocab_size()), export)
+    bpe.save(str(export / "tokenizer.json"))
+    weights = (export / "model.safetensors").read_bytes()
+    (export / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    out["folder"] = folder
+    return out
+
+
+def generate(overrides: list[str]):
+    """zoo-generate in this process: the real config, the command line's quoting, the verb function."""
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("generate", overrides=quote_free_text(overrides))
+    return generate_main(cfg)
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zoo: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# ---- zoo-generate --------------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt", ["${oc.env:HOME}", "${name} costs $5", "it's ${a.b} 'quoted'", "${", "a ${x",
+                                    "print('a\\n')", "C:\\dir\\", "\\${x}"])
+def test_zoo_generate_takes_the_prompt_literally(prompt, ckpts, capsys):
+    text = generate([f"ckpt_path={ckpts['rope']}", f"prompt={prompt}", "max_new_tokens=2", "do_sample=false"])
+    assert text.startswith(prompt)
+    assert capsys.readouterr().out.startswith(prompt)
+
+
+def test_zoo_generate_says_in_one_line_where_the_positions_end(ckpts, capsys):
+    text = generate([f"ckpt_path={ckpts['learned']}", "prompt=def add", "max_new_tokens=100"])
+    assert text.startswith("def add")
+    err = one_line(capsys)
+    assert err.startswith("zoo: warning: generation stopped after") and "max_seq_len" in err
+
+
+@pytest.mark.parametrize("ckpt,overrides,message", [
+    ("rope", ["prompt="], "UserError: prompt= gives no tokens; give some text"),
+    ("rope", [], "prompt= is required"),
+    (None, ["prompt=x"], "ckpt_path= is required"),
+    ("empty.ckpt", ["prompt=x"], "CheckpointError: "),
+    ("notes.ckpt", ["prompt=x"], "is not a checkpoint written by torch.save"),
+    ("cut.ckpt", ["prompt=x"], "damaged or truncated"),
+    ("folder", ["prompt=x"], "is a directory"),
+    ("rope", ["prompt=def", "max_new_tokens=1000000000000"], "max_new_tokens=1000000000000 cannot fit"),
+    ("rope", ["prompt=def", "top_p=0"], "ConfigError: top_p=0 must be in (0, 1]"),
+    ("rope", ["prompt=def", "top_k=-1"], "top_k=-1"),
+    ("rope", ["prompt=def", "temperature=-1"], "temperature=-1"),
+    ("learned", ["prompt=" + "def add " * 20], "prompt=: the prompt is"),
+    ("translator", ["prompt=three hundred", "num_beams=0"], "num_beams=0 must be a whole number >= 1"),
+    ("classifier", ["prompt=   "], "prompt= gives no tokens"),
+    ("classifier", ["prompt=Return the loop", "top=0"], "top=0 must be a whole number >= 1"),
+    ("classifier", ["prompt=" + "Return the loop " * 20], "this model numbers at most 32 positions"),
+])
+def test_zoo_generate_mistakes_end_in_one_line(ckpt, overrides, message, ckpts, capsys):
+    path = [] if ckpt is None else [f"ckpt_path={ckpts[ckpt] if ckpt in ckpts else ckpts['folder'] / ckpt}"]
+    with pytest.raises(SystemExit) as stop:
+        generate(path + overrides)
+    assert stop.value.code == 2
+    assert message in one_line(capsys)
+
+
+def test_an_unknown_task_is_a_user_error(ckpts):
+    task, _ = load_task(ckpts["rope"])
+    with pytest.raises(UserError, match="task 'poet' is not one zoo-generate answers"):
+        respond(task, "poet", OmegaConf.create({"prompt": "x"}))
+
+
+# ---- zoo-attention -------------------------------------------------------------------------------
+def attention(out: Path, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("attention", overrides=quote_free_text(list(overrides), keys=("text", "target")))
+    return attention_report(cfg, out)
+
+
+def test_zoo_attention_takes_the_text_literally(ckpts, tmp_path):
+    text = "a ${x} and ${oc.env:HOME}"
+    summary = attention(tmp_path, f"ckpt_path={ckpts['rope']}", f"text={text}", "plots=false")
+    assert "".join(summary["tokens"]).replace("␣", " ").replace("\\$", "$") == text  # labels escape $ for matplotlib
+    assert f"text: {text!r}" in (tmp_path / "heads.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model_dir=FOLDER", "text=x"], "has no config.json"),
+    (["model_dir=FOLDER/export", "text=x"], "model.safetensors"),
+    (["ckpt_path=FOLDER/empty.ckpt", "text=x"], "CheckpointError: "),
+    (["ckpt_path=FOLDER/cut.ckpt", "text=x"], "damaged or truncated"),
+    (["ckpt_path=FOLDER", "text=x"], "is a directory"),
+    (["ckpt_path=FOLDER/g.ckpt", "text=x", "tokenizer_path=FOLDER/notes.ckpt"], "is not a tokenizer.json"),
+    (["ckpt_path=FOLDER/g.ckpt", "text=x", "max_tokens=many"], "max_tokens='many' must be a whole number"),
+    (["ckpt_path=FOLDER/g.ckpt", "text=x", "sink_threshold=high"], "sink_threshold='high' must be a number"),
+])
+def test_zoo_attention_mistakes_end_in_one_line(overrides, message, ckpts, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        attention(tmp_path / "out", *[o.replace("FOLDER", str(ckpts["folder"])) for o in overrides])
+    assert stop.value.code == 2
+    assert message in one_line(capsys)
+
+
+# ---- the real commands ---------------------------------------------------------------------------
+def _run(verb: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", f"tasks.cli.{verb}", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_real_zoo_generate_prints_a_literal_prompt_and_one_warning_line(ckpts, tmp_path):
+    prompt = "${oc.env:HOME} ${name}"
+    run = _run("generate", f"ckpt_path={ckpts['learned']}", f"prompt={prompt}", "max_new_tokens=100", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith(prompt)
+    assert run.stderr.startswith("zoo: warning: generation stopped after") and run.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb,args,message", [
+    ("generate", ["ckpt_path=CKPT", "prompt="], "zoo: UserError: prompt= gives no tokens; give some text"),
+    ("generate", ["ckpt_path=FOLDER/cut.ckpt", "prompt=x"], "zoo: CheckpointError: "),
+    ("attention", ["model_dir=FOLDER/export", "text=x"], "zoo: CheckpointError: "),
+])
+def test_real_commands_end_a_mistake_in_one_line(verb, args, message, ckpts, tmp_path):
+    args = [a.replace("CKPT", str(ckpts["rope"])).replace("FOLDER", str(ckpts["folder"])) for a in args]
+    run = _run(verb, *args, f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.startswith(message) and run.stderr.count("\n") == 1
