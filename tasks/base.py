@@ -97,12 +97,25 @@ class ZooTask(L.LightningModule):
         except zoo.ConfigError as error:
             raise zoo.CheckpointError(f"{source}: its model config cannot work: {error}") from None
         check_tensors(cfg, state, source)
+        bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+        if bad is not None:
+            raise zoo.CheckpointError(f"{source}: tensor {bad} holds NaN or infinite values; use a checkpoint saved "
+                                      f"before the run diverged")
         try:
-            task = cls(**hparams, tokenizer_json=checkpoint.get("tokenizer_json"))
-        except TypeError as error:
-            raise zoo.CheckpointError(f"{source}: its task settings do not fit {cls.__name__} ({error})") from None
+            Tokenizer.from_str(checkpoint["tokenizer_json"])
+        except Exception as error:  # the tokenizers library raises its own exception types
+            raise zoo.CheckpointError(f"{source}: its tokenizer cannot be read ({_first_line(error)})") from None
+        try:
+            task = cls(**hparams, tokenizer_json=checkpoint["tokenizer_json"])
+        except (TypeError, ValueError, zoo.ConfigError) as error:
+            raise zoo.CheckpointError(f"{source}: its task settings do not fit {cls.__name__} "
+                                      f"({_first_line(error)})") from None
         task.on_load_checkpoint(checkpoint)
-        task.load_state_dict(state)
+        try:
+            task.load_state_dict(state)
+        except RuntimeError as error:
+            raise zoo.CheckpointError(f"{source}: its tensors do not fit {cls.__name__} ({_first_line(error)})") \
+                from None
         return task
 
     def init_from(self, checkpoint: dict[str, Any], *, source: str, partial: bool = False) -> None:
@@ -150,6 +163,11 @@ def check_tensors(cfg: zoo.ModelConfig, state: dict[str, Any], source: str) -> N
     shapes = {k.removeprefix("model."): tuple(v.shape) for k, v in state.items()
               if k.startswith("model.") and isinstance(v, torch.Tensor)}
     zoo.check_weights(cfg, shapes, source=source)
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _size_diff(theirs: zoo.ModelConfig, mine: zoo.ModelConfig) -> str:

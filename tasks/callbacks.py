@@ -120,8 +120,25 @@ class CrashCheckpoint(L.Callback):
             return  # pruning is no crash; diverged weights are no point to resume from
         if self.start_step is None or trainer.global_step <= self.start_step:
             return  # not a single step of this run: what it started from is still there
-        trainer.save_checkpoint(self.path)
+        try:
+            trainer.save_checkpoint(self.path, weights_only=False)
+        except Exception as error:  # a full disk, say: the error that stopped training is the one to report
+            reason = " ".join(str(error).split())[:200]
+            print(f"note: {self.path} could not be saved ({type(error).__name__}: {reason})")
+            return
         self.saved = self.path
+
+
+class ValidateAtTheEnd(L.Callback):
+    """Ends training with a validation (and so with the checkpoints that follow it) when the last
+    step is not a validation step: a run shorter than ``trainer.val_check_interval`` still has a
+    best and a last checkpoint, and the last one resumes exactly (it is saved inside the loop, not
+    after it, where Lightning counts the epoch as finished)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True  # Lightning validates when a run is asked to stop
 
 
 class StopOnNonFinite(L.Callback):
@@ -159,11 +176,16 @@ class StopOnNonFinite(L.Callback):
 
 
 def _diverged(trainer: L.Trainer, what: str) -> str:
+    from tasks.checkpoints import non_finite
+
     last = next((c.best_model_path for c in trainer.checkpoint_callbacks
                  if getattr(c, "monitor", "") is None and c.best_model_path), None)
     keep = f"the last checkpoint is {last}" if last else "no checkpoint was saved before it"
-    return (f"training diverged at step {trainer.global_step + 1}: {what}; stopped before the weights became NaN "
-            f"and {keep}. Lower optimizer.lr, raise optimizer.warmup_steps or keep trainer.gradient_clip_val")
+    bad = non_finite(trainer.lightning_module.state_dict())
+    weights = f"the weights are no longer finite ({bad})" if bad else "stopped before the weights became NaN"
+    return (f"training diverged at step {trainer.global_step + 1}: {what}; {weights}; {keep} (checkpoints of "
+            f"non-finite weights are never written). Lower optimizer.lr, raise optimizer.warmup_steps or keep "
+            f"trainer.gradient_clip_val")
 
 
 class OptunaPruning(L.Callback):

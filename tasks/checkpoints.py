@@ -73,9 +73,11 @@ def holds_a_run(folder: Path) -> bool:
     return (folder / RUN_MARKER).exists() or any((folder / p).exists() for p in ("checkpoints", "logs/metrics.csv"))
 
 
-def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = "paths.output_dir") -> None:
+def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = "paths.output_dir",
+                  dry_run: bool = False) -> None:
     """Make ``folder`` this run's directory, or raise a UserError when another run's files are in
-    it. Resuming from a checkpoint inside ``folder`` continues that run there (allowed)."""
+    it. Resuming from a checkpoint inside ``folder`` continues that run there (allowed).
+    ``dry_run``: only refuse, write nothing."""
     folder = Path(folder)
     resuming_here = resume_from is not None and "://" not in resume_from and \
         folder.resolve() in Path(resume_from).resolve().parents
@@ -84,6 +86,8 @@ def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = 
             if (folder / "checkpoints" / "last.ckpt").exists() else "choose another directory"
         raise UserError(f"{field}={folder} holds another run's files; a new run never writes there: leave "
                         f"hydra.run.dir at its default (a fresh directory), or {hint}")
+    if dry_run:
+        return
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / RUN_MARKER
     try:

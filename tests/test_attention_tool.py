@@ -226,7 +226,8 @@ def generator_checkpoint(path: Path) -> Path:
     model = tiny("decoder", vocab_size=tokenizer.get_vocab_size(), position="learned")
     task = GeneratorTask(model=model.config.to_dict(), optimizer={}, tokenizer_json=tokenizer.to_str())
     torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
-                "tokenizer_json": tokenizer.to_str(), "zoo_run": {"task": "generator"},
+                "tokenizer_json": tokenizer.to_str(),
+                "zoo_run": {"task": "generator", "data_module": "LMDataModule", "data": {}, "config_yaml": ""},
                 "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, path)
     return path
 

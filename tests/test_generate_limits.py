@@ -123,7 +123,8 @@ LINES = ["def add(a, b):\n    return a + b", "Return the running event loop.", "
 def _save(task: ZooTask, kind: str, path: Path) -> Path:
     """An untrained task saved as zoo-train saves it (plain data: config, tokenizer JSON, tensors)."""
     torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
-                "tokenizer_json": task.tokenizer_json, "zoo_run": {"task": kind},
+                "tokenizer_json": task.tokenizer_json,
+                "zoo_run": {"task": kind, "data_module": "LMDataModule", "data": {}, "config_yaml": ""},
                 "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, path)
     return path
 

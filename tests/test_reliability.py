@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,11 +100,12 @@ def test_every_verb_refuses_a_payload_checkpoint_and_a_url(module, args, payload
     urls = ["http://127.0.0.1:9/x.ckpt"] if module in ("train", "evaluate") else []  # one loader: two verbs suffice
     for ckpt in (path, *urls):
         given = [a.format(ckpt=ckpt, tmp=tmp_path) for a in args]
-        result = run(module, *given, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+        run_dir = tmp_path / ("run" if ckpt == path else "run_url")
+        result = run(module, *given, f"hydra.run.dir={run_dir}", cwd=tmp_path)
         one_line_error(result, str(ckpt))
         assert not marker.exists()
         assert "weights_only=False" not in result.stderr + result.stdout
-        assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained, nothing saved
+        assert not (run_dir / "checkpoints").exists()  # nothing trained, nothing saved
 
 
 @pytest.mark.parametrize("content,message", [
@@ -122,6 +124,33 @@ def test_bad_checkpoint_files_are_one_line_errors(content, message, gpt_run, tmp
     with pytest.raises(zoo.CheckpointError, match=message) as error:
         load_task(path)
     assert "\n" not in str(error.value)
+
+
+def _edited(checkpoint: dict, path: Path, edit) -> Path:
+    copy = {k: (dict(v) if isinstance(v, dict) else v) for k, v in checkpoint.items()}
+    edit(copy)
+    torch.save(copy, path)
+    return path
+
+
+@pytest.mark.parametrize("name,edit,message", [
+    ("hp_str", lambda c: c.update(hyper_parameters="gpt"), "hyper_parameters is str, not dict"),
+    ("optimizer_str", lambda c: c["hyper_parameters"].update(optimizer="adam"), "hyper_parameters.optimizer is str"),
+    ("extra_key", lambda c: c["state_dict"].update(extra=torch.ones(1)), "its tensors do not fit GeneratorTask"),
+    ("int_key", lambda c: c["state_dict"].update({3: torch.ones(1)}), "state_dict entry 3 is not a named tensor"),
+    ("tokenizer", lambda c: c.update(tokenizer_json="{not json"), "its tokenizer cannot be read"),
+    ("no_tokenizer", lambda c: c.update(tokenizer_json=None), "tokenizer_json is NoneType"),
+    ("nan", lambda c: c["state_dict"].update({k: v * float("nan") for k, v in c["state_dict"].items()
+                                              if v.is_floating_point()}), "holds NaN or infinite values"),
+    ("step", lambda c: c.update(global_step="7"), "global_step is str, not int"),
+    ("task", lambda c: c.update(zoo_run={**c["zoo_run"], "task": "os.system"}), "zoo_run.task='os.system'"),
+])
+def test_crafted_checkpoints_are_one_line_checkpoint_errors(name, edit, message, gpt_run, tmp_path):
+    checkpoint = torch.load(gpt_run / "checkpoints" / "last.ckpt", weights_only=True)
+    path = _edited(checkpoint, tmp_path / f"{name}.ckpt", edit)
+    with pytest.raises(zoo.CheckpointError, match=re.escape(message)) as error:
+        load_task(path)
+    assert "\n" not in str(error.value) and str(error.value).startswith(f"ckpt_path={path}")
 
 
 def test_a_checkpoint_whose_config_asks_for_absurd_sizes_is_refused_before_allocating(gpt_run, tmp_path):
@@ -156,7 +185,7 @@ def test_claims_are_exclusive_and_default_names_get_a_fresh_sibling(tmp_path):
 def test_real_command_refuses_an_explicit_run_dir_of_another_run(gpt_run, tmp_path):
     before = digest(gpt_run)
     result = run("train", *GPT, f"hydra.run.dir={gpt_run}", cwd=tmp_path)
-    one_line_error(result, "holds another run's files", f"ckpt_path={gpt_run / 'checkpoints' / 'last.ckpt'}")
+    one_line_error(result, "holds a training run's files", f"ckpt_path={gpt_run / 'checkpoints' / 'last.ckpt'}")
     assert digest(gpt_run) == before  # not even Hydra's .hydra/ was rewritten
 
 
@@ -248,6 +277,11 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_no_nan_checkpoint(tmp_p
     ("task.sample_tokens=100000", "task.sample_tokens=100000 does not fit"),
     ("task.sample_prompt=''", "task.sample_prompt is empty"),
     ("model.vocab_size=100", None),
+    ("optimizer.lr=nan", "optimizer.lr=nan must be a finite number"),
+    ("optimizer.lr=inf", "optimizer.lr=inf must be a finite number"),
+    ("data.batch_size=2.5", "data.batch_size=2.5 must be a whole number"),
+    ("optimizer.betas=[0.9,2]", re.escape("optimizer.betas=[0.9, 2] must be two numbers in [0, 1)")),
+    ("data.vocab_size=1000000000", "data.vocab_size=1000000000 is more than any tokenizer needs"),
 ])
 def test_values_that_would_fail_later_fail_at_composition(override, message, tmp_path):
     cfg = compose_train("gpt_generator", tmp_path, override)
@@ -318,11 +352,82 @@ def test_ctrl_c_during_data_preparation_is_one_line_and_exit_130(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "tasks.cli.train", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (run_dir / RUN_MARKER).exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)  # the run claims its directory just before it reads the data (all of the stdlib)
-    time.sleep(0.5)
+    while not (run_dir / ".hydra" / "overrides.yaml").exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)  # Hydra has started the job, which checks the config and reads all of the stdlib
+    time.sleep(1.0)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err[-3000:]
     assert "zoo: interrupted" in err and "Traceback" not in err
-    assert not (run_dir / "tokenizer.json").exists()
+    assert not (run_dir / "tokenizer.json").exists() and not (run_dir / RUN_MARKER).exists()
+
+
+def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    zoo.atomic_save({"step": 1}, path)
+
+    def full(obj, f, *args, **kwargs):  # how torch reports a write that failed (a full disk, ulimit -f)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 512 vs 448")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError) as error:
+        zoo.atomic_save({"step": 2}, path)
+    assert error.value.filename == str(path) and "the write failed" in error.value.strerror
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1} and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.slow
+def test_eval_and_attention_never_write_into_a_training_run_or_a_users_folder(gpt_run, tmp_path):
+    ckpt = gpt_run / "checkpoints" / "last.ckpt"
+    before = digest(gpt_run)
+    result = run("evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={gpt_run}", cwd=tmp_path)
+    one_line_error(result, "holds a training run's files")
+    result = run("attention", f"ckpt_path={ckpt}", "text=def", f"hydra.run.dir={gpt_run}", cwd=tmp_path)
+    one_line_error(result, "holds a training run's files")
+    assert digest(gpt_run) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metrics.json").write_text("my numbers")
+    result = run("evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={mine}", cwd=tmp_path)
+    one_line_error(result, "is not empty (metrics.json)")
+    assert (mine / "metrics.json").read_text() == "my numbers"
+
+
+@pytest.mark.slow
+def test_a_resume_into_its_own_directory_keeps_the_first_commands_record(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run("train", *GPT, "test=false", f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
+    before = digest(run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    failed = run("train", *GPT, "model.n_layers=3", f"ckpt_path={last}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    one_line_error(failed, "was trained with another model")
+    assert {k: v for k, v in digest(run_dir).items() if not k.startswith(".hydra/resume")} == before
+    resumed = run("train", *GPT, "trainer.max_steps=8", "test=false", f"ckpt_path={last}",
+                  f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert digest(run_dir)[".hydra/overrides.yaml"] == before[".hydra/overrides.yaml"]
+    records = sorted(p.name for p in (run_dir / ".hydra").glob("resume*"))
+    assert records == ["resume", "resume_2"]  # the failed attempt's record and this one's, beside the first
+    assert "trainer.max_steps=8" in (run_dir / ".hydra" / "resume_2" / "overrides.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_says_interrupted_and_how_to_resume(tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
+    run_dir = tmp_path / "run"
+    args = [*GPT, "trainer.max_steps=100000", "trainer.val_check_interval=3", f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen([sys.executable, "-m", "tasks.cli.train", *args], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run_dir / "checkpoints" / "last.ckpt").exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)  # training has stepped and validated
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    crash = run_dir / "checkpoints" / "on_exception.ckpt"
+    assert f"zoo: interrupted; resume with ckpt_path={crash}" in err and "Traceback" not in err
+    assert torch.load(crash, weights_only=True)["global_step"] >= 3

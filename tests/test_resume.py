@@ -240,3 +240,16 @@ def test_a_killed_run_resumes_bit_for_bit(experiment, tmp_path):
         resumed = _losses(experiment, tmp_path / f"from_{name}", *run, f"ckpt_path={checkpoint}",
                           "trainer.num_sanity_val_steps=1")
         assert resumed == {s: whole[s] for s in range(start + 1, 11)}, name
+
+
+@pytest.mark.slow
+def test_a_finished_run_extended_with_more_steps_repeats_the_longer_run(tmp_path):
+    """Resuming the final last.ckpt of a 5-step run with trainer.max_steps=8 gives the losses of an
+    8-step run (a long warmup keeps the learning rate independent of max_steps)."""
+    run = ["model.dropout=0.1", "optimizer.warmup_steps=100", *RUNS["gpt_generator"]]
+    whole = _losses("gpt_generator", tmp_path / "whole", *run, "trainer.max_steps=8")
+    _losses("gpt_generator", tmp_path / "short", *run, "trainer.max_steps=5")
+    last = tmp_path / "short" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 5
+    more = _losses("gpt_generator", tmp_path / "more", *run, "trainer.max_steps=8", f"ckpt_path={last}")
+    assert more == {s: whole[s] for s in (6, 7, 8)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 from rich.console import Console
@@ -24,11 +25,18 @@ def _human(n: float, unit: str = "", prefixes: str = " KMGTPE") -> str:
     return f"{n:.3g} {prefixes[-1]}{unit}"
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def info_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zoo-info", description=__doc__)
     parser.add_argument("models", nargs="*", help="preset names or fnmatch patterns (default: all presets)")
-    parser.add_argument("--seq-len", type=int, default=None, help="context length (default: the preset's)")
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=positive_int, default=None, help="context length (default: the preset's)")
+    parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
@@ -37,7 +45,9 @@ def info_main(argv: list[str] | None = None) -> None:
     for pattern in args.models or ["*"]:
         matched = list_models(pattern)
         if not matched:
-            parser.error(f"no preset matches {pattern!r}; presets: {', '.join(list_models())}")
+            print(f"zoo: ConfigError: no preset matches {pattern!r}; presets: {', '.join(list_models())}",
+                  file=sys.stderr)
+            sys.exit(2)
         names += [n for n in matched if n not in names]
     rows = [stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype]) for n in names]
     if args.json:

@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -51,9 +53,16 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` through ``atomic_write``."""
+    """``torch.save`` through ``atomic_write``. A failed write (torch reports a full disk or a file
+    size limit as a RuntimeError) is an OSError naming ``path``."""
     with atomic_write(path) as tmp:
-        torch.save(obj, tmp)
+        try:
+            torch.save(obj, tmp)
+        except RuntimeError as error:
+            if not any(s in str(error) for s in ("unexpected pos", "PytorchStreamWriter", "write")):
+                raise
+            code = errno.ENOSPC if shutil.disk_usage(tmp.parent).free < 64 * 2**20 else errno.EIO
+            raise OSError(code, "the write failed (a full disk or a file size limit?)", os.fspath(path)) from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -81,7 +81,7 @@ def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
         raise UserError("give ckpt_path=<zoo-train checkpoint> or model_dir=<zoo-export safetensors folder> "
                         "(exactly one)")
     if cfg.ckpt_path:
-        if not Path(cfg.ckpt_path).exists():
+        if not Path(cfg.ckpt_path).expanduser().exists():
             raise UserError(f"ckpt_path={cfg.ckpt_path} is not a file (nothing is there); check the path")
         task, _ = load_task(cfg.ckpt_path)  # a directory, an empty, text or damaged file: CheckpointError
         if cfg.tokenizer_path:
@@ -89,7 +89,7 @@ def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
         if task.tokenizer_json is None:
             raise zoo.CheckpointError(f"{cfg.ckpt_path} holds no tokenizer; pass tokenizer_path=<tokenizer.json>")
         return task.model.eval(), task.tokenizer, str(cfg.ckpt_path)
-    folder = Path(cfg.model_dir)
+    folder = Path(cfg.model_dir).expanduser()
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise UserError(f"model_dir={folder} has no config.json and model.safetensors "
                         "(write one with zoo-export format=safetensors)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import math
 import re
 import sys
 import typing
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -75,28 +77,42 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
 
 POSITIVE = ("optimizer.lr", "data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.val_check_interval",
             "trainer.log_every_n_steps", "trainer.accumulate_grad_batches", "data.vocab_size")
-NON_NEGATIVE = ("optimizer.warmup_steps", "optimizer.weight_decay", "trainer.gradient_clip_val",
-                "trainer.num_sanity_val_steps", "data.num_workers")
+NON_NEGATIVE = ("optimizer.warmup_steps", "optimizer.weight_decay", "optimizer.eps", "trainer.gradient_clip_val",
+                "trainer.num_sanity_val_steps", "data.num_workers", "optimizer.min_lr_ratio")
+WHOLE = ("data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.log_every_n_steps",
+         "trainer.accumulate_grad_batches", "data.vocab_size", "optimizer.warmup_steps", "trainer.num_sanity_val_steps",
+         "data.num_workers")
+MAX_VOCAB = 1 << 22  # 4,194,304: beyond any tokenizer in use (the largest are ~256k); training one would not fit
 
 
 def check_values(cfg: DictConfig) -> None:
     """Values that would only fail later (after the data is read, or mid-training) fail now."""
     for key in POSITIVE + NON_NEGATIVE:
         value = OmegaConf.select(cfg, key, default=None)
-        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        if value is None:
             continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise zoo.ConfigError(f"{key}={value!r} must be a finite number")
+        if key in WHOLE and not isinstance(value, int):
+            raise zoo.ConfigError(f"{key}={value!r} must be a whole number")
         if key == "trainer.max_steps" and value == -1:  # Lightning's "no limit" (max_epochs decides)
             continue
         if (value <= 0 and key in POSITIVE) or value < 0:
-            bound = "> 0" if key in POSITIVE else ">= 0"
-            raise zoo.ConfigError(f"{key}={value} must be {bound}")
-    ratio = OmegaConf.select(cfg, "optimizer.min_lr_ratio", default=None)
-    if ratio is not None and not 0 <= ratio <= 1:
-        raise zoo.ConfigError(f"optimizer.min_lr_ratio={ratio} must be between 0 and 1 (a fraction of optimizer.lr)")
+            raise zoo.ConfigError(f"{key}={value} must be {'> 0' if key in POSITIVE else '>= 0'}")
+    if OmegaConf.select(cfg, "optimizer.min_lr_ratio", default=0) > 1:
+        raise zoo.ConfigError(f"optimizer.min_lr_ratio={cfg.optimizer.min_lr_ratio} must be at most 1 (a fraction of "
+                              f"optimizer.lr)")
+    betas = OmegaConf.select(cfg, "optimizer.betas", default=None)
+    if betas is not None and (len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)):
+        raise zoo.ConfigError(f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     interval = OmegaConf.select(cfg, "trainer.val_check_interval", default=None)
     if isinstance(interval, float) and interval > 1:
         raise zoo.ConfigError(f"trainer.val_check_interval={interval}: a fraction of an epoch is at most 1.0; give "
                               f"a whole number of steps instead")
+    vocab = OmegaConf.select(cfg, "data.vocab_size", default=None)
+    if isinstance(vocab, int) and vocab > MAX_VOCAB:
+        raise zoo.ConfigError(f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); "
+                              f"lower it")
 
 
 def task_class(target: str) -> type[ZooTask]:
@@ -118,27 +134,64 @@ def run_info(cfg: DictConfig, task_name: str) -> dict[str, Any]:
 
 def load_task(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask, dict[str, Any]]:
     """Rebuild a trained task from its checkpoint alone, through zoo's one weights-only loader."""
-    checkpoint = zoo.load_weights_file(ckpt_path, map_location)
-    task = task_from_checkpoint(checkpoint, ckpt_path)
+    checkpoint = read_checkpoint(ckpt_path, map_location=map_location)
+    task = TASKS[checkpoint["zoo_run"]["task"]].from_checkpoint(checkpoint, source=f"ckpt_path={ckpt_path}")
     return task.eval(), checkpoint["zoo_run"]
 
 
-def task_from_checkpoint(checkpoint: Any, ckpt_path: str | Path) -> ZooTask:
-    """The task a loaded checkpoint holds, with its weights; a CheckpointError when it is not a
-    zoo-train checkpoint or its config disagrees with its tensors."""
-    info = checkpoint.get("zoo_run") if isinstance(checkpoint, dict) else None
-    if not isinstance(info, dict) or info.get("task") not in TASKS:
-        raise zoo.CheckpointError(f"{ckpt_path} is not a zoo-train checkpoint (it has no zoo_run record); "
-                                  f"pass a checkpoint from <run>/checkpoints/")
-    return TASKS[info["task"]].from_checkpoint(checkpoint, source=str(ckpt_path))
+def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: str = "cpu") -> dict[str, Any]:
+    """A zoo-train checkpoint through the weights-only loader, its layout checked; every problem is
+    a CheckpointError naming ``field``."""
+    try:
+        checkpoint = zoo.load_weights_file(path, map_location)
+    except zoo.CheckpointError as error:
+        raise zoo.CheckpointError(f"{field}={error}") from None
+    problem = layout_problem(checkpoint)
+    if problem:
+        raise zoo.CheckpointError(f"{field}={path} is not a zoo-train checkpoint: {problem}; pass one from "
+                                  f"<run>/checkpoints/")
+    return checkpoint
+
+
+LAYOUT = {"zoo_run": dict, "hyper_parameters": dict, "state_dict": dict, "global_step": int,
+          "zoo_run.task": str, "zoo_run.data_module": str, "zoo_run.data": dict, "zoo_run.config_yaml": str,
+          "hyper_parameters.model": dict, "hyper_parameters.optimizer": dict, "tokenizer_json": str}
+"""What a checkpoint that zoo-train wrote holds, and of which type."""
+
+
+def layout_problem(checkpoint: Any) -> str | None:
+    """What keeps ``checkpoint`` from being one zoo-train wrote (None: nothing)."""
+    if not isinstance(checkpoint, dict):
+        return f"it holds a {type(checkpoint).__name__}, not a dict"
+    for key, kind in LAYOUT.items():
+        outer, _, inner = key.partition(".")
+        value = checkpoint.get(outer) if not inner else checkpoint[outer].get(inner)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{key} is {type(value).__name__}, not {kind.__name__}"
+    if checkpoint["zoo_run"]["task"] not in TASKS:
+        return f"zoo_run.task={checkpoint['zoo_run']['task']!r} is not one of {sorted(TASKS)}"
+    bad = next((k for k, v in checkpoint["state_dict"].items()
+                if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
+    if bad is not None:
+        return f"state_dict entry {bad!r} is not a named tensor"
+    return None
 
 
 def data_module(info: dict[str, Any], task: ZooTask, **overrides: Any) -> TextDataModule:
-    """The data module a checkpoint was trained on, with its own tokenizer."""
+    """The data module a checkpoint was trained on, with its own tokenizer; ``overrides`` are the
+    user's ``data.*`` settings."""
     if info.get("data_module") not in DATA_MODULES:
         raise zoo.CheckpointError(f"the checkpoint names data module {info.get('data_module')!r}, which is not one "
                                   f"of zoo's {sorted(DATA_MODULES)}")
-    dm = DATA_MODULES[info["data_module"]](**{**info["data"], **overrides})
+    cls = DATA_MODULES[info["data_module"]]
+    unknown = sorted(set(overrides) - set(info["data"]))
+    if unknown:
+        raise UserError(f"data.{unknown[0]} is not a setting of the checkpoint's data ({cls.__name__}); its settings: "
+                        f"{', '.join(sorted(info['data']))}")
+    try:
+        dm = cls(**{**info["data"], **overrides})
+    except (TypeError, ValueError) as error:
+        raise zoo.CheckpointError(f"the checkpoint's data settings do not fit {cls.__name__} ({error})") from None
     dm.tokenizer = task.tokenizer
     return dm
 
@@ -172,7 +225,7 @@ def fail(error: BaseException, code: int = 2) -> typing.NoReturn:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 NO_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
@@ -190,13 +243,13 @@ def user_errors(fn: F) -> F:
             fail(error)
         except DivergedError as error:
             fail(error, code=1)
-        except KeyboardInterrupt:
-            print("zoo: interrupted", file=sys.stderr)
+        except KeyboardInterrupt as interrupt:
+            print(f"zoo: interrupted{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
             sys.exit(130)
         except OSError as error:
             if error.errno in NO_SPACE:
-                fail(UserError(f"cannot write {error.filename or 'a file'}: no space left on the device; free "
-                               f"some space or choose another output folder"), code=1)
+                fail(UserError(f"cannot write {error.filename or 'a file'}: {error.strerror}; free some space or "
+                               f"choose another output folder"), code=1)
             if error.errno in NO_WRITE and error.filename:
                 fail(UserError(f"cannot write {error.filename}: {error.strerror}; choose a folder you can write "
                                f"(paths.output_dir / hydra.run.dir, or out=)"), code=1)

@@ -108,6 +108,8 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="generate")
 @user_errors
 def main(cfg: DictConfig) -> str:
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise UserError(f"seed={cfg.seed!r} must be a whole number")
     torch.manual_seed(cfg.seed)
     given(cfg, "ckpt_path", "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt")
     task, info = load_task(cfg.ckpt_path)

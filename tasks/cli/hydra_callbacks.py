@@ -18,36 +18,65 @@ class FreshRunDir(Callback):
 
     The default ``hydra.run.dir`` is named after the second the run started: a second launch in
     the same second gets ``<name>_2`` (claimed with an atomic mkdir, so two processes never share
-    one). A directory chosen with ``hydra.run.dir=`` that holds another run is refused, unless
-    ``ckpt_path`` resumes the run saved in it.
+    one). A directory chosen with ``hydra.run.dir=`` must be new or empty, unless the verb resumes
+    the run saved in it (``resume_key``: the config key of the checkpoint it resumes, zoo-train's
+    ``ckpt_path``); Hydra's record of a resumed run's command then goes to ``.hydra/resume``
+    (``_2``, …) beside the record of the command that started it, which is kept. A folder holding
+    only what a command that failed at once left (``.hydra/``, its log) is taken too, with this
+    command's record in ``.hydra/retry``.
     """
+
+    def __init__(self, resume_key: str | None = None) -> None:
+        self.resume_key = resume_key
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if os.environ.get("LOCAL_RANK") not in (None, "0") or os.environ.get("NODE_RANK") not in (None, "0"):
             return  # a DDP process Lightning started: it joins rank 0's directory
         hydra = config.hydra
         chosen = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in hydra.overrides.hydra)
-        folder = Path(str(hydra.run.dir))
-        if chosen:
-            ckpt = OmegaConf.select(config, "ckpt_path", default=None)
-            resuming_here = bool(ckpt) and "://" not in str(ckpt) and \
-                folder.resolve() in Path(str(ckpt)).resolve().parents
-            if holds_a_run(folder) and not resuming_here:
-                print(f"zoo: UserError: hydra.run.dir={folder} holds another run's files; a new run never writes "
-                      f"there: leave hydra.run.dir at its default, or resume that run with "
-                      f"ckpt_path={folder / 'checkpoints' / 'last.ckpt'}", file=sys.stderr)
-                sys.exit(2)
-            return
+        folder = Path(str(hydra.run.dir)).expanduser()
         try:
-            fresh = claim_fresh(folder)
+            if chosen:
+                self.check_chosen(config, folder)
+            else:
+                fresh = claim_fresh(folder)
+                if fresh != folder:
+                    set_hydra(config, "run.dir", str(fresh))
         except OSError as error:
-            print(f"zoo: UserError: cannot create the run directory {error.filename or folder}: {error.strerror}; "
-                  f"choose a folder you can write with hydra.run.dir=", file=sys.stderr)
-            sys.exit(1)
-        if fresh != folder:
-            with open_dict(hydra):
-                OmegaConf.set_readonly(hydra, False)
-                hydra.run.dir = str(fresh)
+            _exit(f"cannot create the run directory {error.filename or folder}: {error.strerror}; choose a folder "
+                  f"you can write with hydra.run.dir=", code=1)
+
+    def check_chosen(self, config: DictConfig, folder: Path) -> None:
+        if not folder.is_dir() or not any(folder.iterdir()):
+            return
+        ckpt = OmegaConf.select(config, self.resume_key, default=None) if self.resume_key else None
+        if ckpt and "://" not in str(ckpt) and folder.resolve() in Path(str(ckpt)).expanduser().resolve().parents:
+            record = claim_fresh(folder / ".hydra" / "resume")  # this command's record, beside the first one's
+            set_hydra(config, "output_subdir", str(record.relative_to(folder)))
+            return
+        if not holds_a_run(folder) and all(p.name == ".hydra" or p.suffix == ".log" for p in folder.iterdir()):
+            record = claim_fresh(folder / ".hydra" / "retry")  # what a command that failed at once left: its
+            set_hydra(config, "output_subdir", str(record.relative_to(folder)))  # record stays beside this one
+            return
+        if holds_a_run(folder):
+            hint = f", or resume that run with {self.resume_key}={folder / 'checkpoints' / 'last.ckpt'}" \
+                if self.resume_key else ""
+            _exit(f"hydra.run.dir={folder} holds a training run's files; nothing else writes there: leave "
+                  f"hydra.run.dir at its default (a fresh directory){hint}")
+        names = sorted(p.name for p in folder.iterdir())
+        _exit(f"hydra.run.dir={folder} is not empty ({', '.join(names[:4])}{' …' if len(names) > 4 else ''}); "
+              f"choose a new or empty folder, or leave hydra.run.dir at its default")
+
+
+def set_hydra(config: DictConfig, key: str, value: str) -> None:
+    with open_dict(config.hydra):
+        OmegaConf.set_readonly(config.hydra, False)
+        OmegaConf.update(config.hydra, key, value)
+
+
+def _exit(message: str, code: int = 2) -> None:
+    print(f"zoo: UserError: {message}", file=sys.stderr)
+    sys.exit(code)
 
 
 def claim_fresh(folder: Path) -> Path:

@@ -27,8 +27,16 @@ from tokenizers import Tokenizer
 import zoo
 from hydra_plugins.zoo_optuna_sweeper import sweeper as optuna_sweeper
 from tasks import TASKS
+from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
 from tasks.checkpoints import ZooCheckpointIO, claim_run_dir
-from tasks.cli.common import check_composition, conf_dir, register_model_schema, run_info, user_errors
+from tasks.cli.common import (
+    check_composition,
+    conf_dir,
+    read_checkpoint,
+    register_model_schema,
+    run_info,
+    user_errors,
+)
 from tasks.data.tokenizers import read_tokenizer
 from tasks.loggers import CSVLogger
 
@@ -40,11 +48,11 @@ def train(cfg: DictConfig) -> float | None:
     model_cfg = check_composition(cfg)  # bad combinations and values stop here, before any data is read
     output_dir = Path(cfg.paths.output_dir)
     first = rank_zero_only.rank == 0  # in a distributed run the other processes start this script too
-    resume = load_checkpoint(cfg.ckpt_path, "ckpt_path") if cfg.ckpt_path else None
-    start = load_checkpoint(cfg.init_from, "init_from") if cfg.init_from else None
-    if first:  # nothing is written before the checkpoints have loaded and the directory is ours
-        claim_run_dir(output_dir, resume_from=cfg.ckpt_path)
-    L.seed_everything(cfg.seed, workers=True)
+    resume = read_checkpoint(cfg.ckpt_path, "ckpt_path") if cfg.ckpt_path else None
+    start = read_checkpoint(cfg.init_from, "init_from") if cfg.init_from else None
+    if first:
+        claim_run_dir(output_dir, resume_from=cfg.ckpt_path, dry_run=True)  # refuse another run's directory now
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     datamodule = instantiate(cfg.data, _convert_="all")
     if resume or start:  # the tokenizer must be the one the weights were trained with
@@ -52,9 +60,6 @@ def train(cfg: DictConfig) -> float | None:
     elif not first and (output_dir / "tokenizer.json").is_file():  # DDP ranks > 0 start after rank 0 saved it:
         datamodule.tokenizer = read_tokenizer(output_dir / "tokenizer.json")  # one tokenizer for every rank
     datamodule.setup("fit")
-    if first:
-        datamodule.tokenizer.save(str(output_dir / "tokenizer.json"))
-
     model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes()))
     if resume:
         check_same_model(model_cfg, resume, cfg.ckpt_path)
@@ -70,24 +75,29 @@ def train(cfg: DictConfig) -> float | None:
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
     checkpoint_io = ZooCheckpointIO(own_dir=output_dir / "checkpoints",
                                     preloaded={str(cfg.ckpt_path): resume} if resume else None)
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, ValidateAtTheEnd()], logger=loggers or False,
                                      plugins=[checkpoint_io])
-    if first:
+    if first:  # the first writes: everything above has loaded and been checked
+        claim_run_dir(output_dir, resume_from=cfg.ckpt_path)
+        zoo.io.atomic_write_text(output_dir / "tokenizer.json", datamodule.tokenizer.to_str(pretty=True))
         zoo.io.atomic_write_text(output_dir / "config.yaml", task.run_info["config_yaml"])
         if resume:
             for logger in loggers:  # one metrics file per run: rows the interrupted attempt logged after
                 if isinstance(logger, CSVLogger):  # the checkpoint are logged again
-                    logger.resume_at(int(resume["global_step"]))
+                    logger.resume_at(resume["global_step"])
     relaunch_as_this_job()
 
     if cfg.train:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
-        if not trainer.fast_dev_run:  # the final state, even when the last step was not a validation step
-            trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt")
+        with interrupts_said(trainer, callbacks):
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+        if not trainer.checkpoint_callbacks and not trainer.fast_dev_run:  # checkpointing off: the final state
+            trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt", weights_only=False)  # all the same
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
-        results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
+        with interrupts_said(trainer, callbacks):
+            results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False,
+                                   weights_only=True)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
     if trainer.is_global_zero:
         summarize(output_dir, best, metrics, model_cfg)
@@ -95,17 +105,17 @@ def train(cfg: DictConfig) -> float | None:
     return None if value is None else float(value)
 
 
-def load_checkpoint(path: str, field: str) -> dict[str, Any]:
-    """A zoo-train checkpoint through the weights-only loader; errors name the field."""
+@contextmanager
+def interrupts_said(trainer: L.Trainer, callbacks: list[L.Callback]) -> Iterator[None]:
+    """Lightning ends a run on Ctrl-C with ``sys.exit(1)`` after its graceful shutdown; turn that
+    back into a KeyboardInterrupt that says where to resume from (the verb exits 130)."""
     try:
-        checkpoint = zoo.load_weights_file(path)
-    except zoo.CheckpointError as error:
-        raise zoo.CheckpointError(f"{field}={error}") from None
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("zoo_run"), dict) \
-            or "state_dict" not in checkpoint:
-        raise zoo.CheckpointError(f"{field}={path} is not a zoo-train checkpoint (no zoo_run record); pass one "
-                                  f"from <run>/checkpoints/")
-    return checkpoint
+        yield
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        saved = next((c.saved for c in callbacks if isinstance(c, CrashCheckpoint) and c.saved), None)
+        raise KeyboardInterrupt(f"resume with ckpt_path={saved}" if saved else "") from None
 
 
 def checkpoint_tokenizer(checkpoint: dict[str, Any], cfg: DictConfig) -> Tokenizer:

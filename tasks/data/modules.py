@@ -127,17 +127,19 @@ class TextDataModule(L.LightningDataModule):
                                seed=self.seed, draw=self.draw)
 
     def _eval_loader(self, split: str) -> DataLoader:
-        """In order; in a distributed run each process evaluates its share."""
+        """In order; in a distributed run each process evaluates its share. Its own generator: a
+        DataLoader's iterator draws its workers' base seed from it, not from the global RNG that
+        dropout uses (a validation would otherwise shift the training run's random stream)."""
         dataset = self.datasets[split]
         lengths = getattr(dataset, "lengths", None)
         world, rank = _world()
         if lengths is None:
             sampler = DistributedSampler(dataset, world, rank, shuffle=False) if world > 1 else None
             return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-                              collate_fn=self.collate_for(split))
+                              collate_fn=self.collate_for(split), generator=torch.Generator().manual_seed(self.seed))
         batches = BucketBatchSampler(lengths, self.batch_size, shuffle=False, seed=self.seed, world=world, rank=rank)
         return DataLoader(dataset, batch_sampler=batches, num_workers=self.num_workers,
-                          collate_fn=self.collate_for(split))
+                          collate_fn=self.collate_for(split), generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
