@@ -151,3 +151,14 @@ def test_quick_mode_numbers_are_sane(quick: tuple[Path, dict]) -> None:
     assert all(m["measured"] == m["formula"] == m["zoo_stats"] for m in memory)
     assert len(results["experiments"]["6"]["rows"]) == len(zoo.list_models())
     assert results["meta"]["quick"] is True
+
+
+def test_a_run_writes_outside_the_committed_page_unless_asked(tmp_path, monkeypatch):
+    from tasks.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs" / "article").mkdir(parents=True)
+    reproduce.main(["--quick", "--only", "6"])
+    assert not list((tmp_path / "docs" / "article").iterdir())  # the committed page is left alone
+    (page,) = (tmp_path / "outputs" / "reproduce").glob("*/README.md")
+    assert "6" in page.read_text()

@@ -202,14 +202,18 @@ def test_pruning_stops_trials_from_their_validation_metric(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
     """A sampled value the typed config refuses, and one the model refuses (zoo.ConfigError in the job):
-    both trials FAIL with their error, neither stops the sweep; grid caps n_trials at the grid's size."""
+    both trials FAIL with their error, neither stops the sweep; grid caps n_trials at the grid's size.
+    As every trial failed, the sweep ends with exit status 1 and the first error in one line."""
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    _in_process([*TINY, "hydra/sweeper=zoo_optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=10",
-                 "model.n_heads=choice(5)", "model.n_layers=choice(1, four)", f"hydra.sweeper.storage={storage}",
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        _in_process([*TINY, "hydra/sweeper=zoo_optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=10",
+                     "model.n_heads=choice(5)", "model.n_layers=choice(1, four)", f"hydra.sweeper.storage={storage}",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
+    assert ended.value.code == 1
+    assert "zoo: SweepError: all 2 trials of study" in capsys.readouterr().err
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     errors = {t.params["model.n_layers"]: t.user_attrs["error"] for t in study.trials}
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]

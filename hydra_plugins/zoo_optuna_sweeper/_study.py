@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -218,6 +219,7 @@ class OptunaSweep:
             done = finished(study)
             self.write_results(study, n_trials)
         self.write_results(study, n_trials)
+        end_if_all_failed(study)
         return returns
 
     @property
@@ -332,6 +334,18 @@ def finished(study: optuna.Study) -> int:
     return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                or (t.state == TrialState.FAIL and t.number not in interrupted)
                for t in study.get_trials(deepcopy=False))
+
+
+def end_if_all_failed(study: optuna.Study) -> None:
+    """A sweep none of whose trials completed ends with exit status 1 and the first trial's error,
+    in one line (not as a success: a sweep that learned nothing must not look like one)."""
+    trials = study.get_trials(deepcopy=False)
+    if not trials or any(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials):
+        return
+    first = next((t.user_attrs["error"] for t in trials if t.user_attrs.get("error")), "no error recorded")
+    print(f"zoo: SweepError: all {len(trials)} trials of study {study.study_name} failed; the first: {first}",
+          file=sys.stderr)
+    sys.exit(1)
 
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, job: JobReturn) -> None:

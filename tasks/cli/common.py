@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import logging
 import math
 import re
 import sys
 import typing
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -256,6 +258,14 @@ def user_errors(fn: F) -> F:
             raise
 
     return typing.cast(F, wrapper)
+
+
+def quiet_libraries() -> None:
+    """Hide what libraries print that a user cannot act on: Lightning's tip to install its cloud
+    logger, and a deprecation inside Lightning's own pytree helper."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage())
 
 
 def literal(cfg: DictConfig, key: str) -> str | None:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tasks.cli.common import check_values, conf_dir, data_module, load_task, user_errors
+from tasks.cli.common import check_values, conf_dir, data_module, load_task, quiet_libraries, user_errors
 from tasks.errors import UserError
 from zoo.io import atomic_write_text
 
@@ -24,6 +24,7 @@ def main(cfg: DictConfig) -> dict[str, float]:
     if cfg.split not in ("test", "val"):
         raise UserError(f"split={cfg.split!r} must be 'test' or 'val'")
     check_values(cfg)  # data.* overrides (+data.batch_size=0 …)
+    quiet_libraries()
     task, info = load_task(cfg.ckpt_path)
     datamodule = data_module(info, task, **OmegaConf.to_container(cfg.data, resolve=True))
     trainer = instantiate(cfg.trainer, callbacks=[RichProgressBar()], enable_checkpointing=False)

@@ -1,8 +1,12 @@
-"""zoo-reproduce: test six claims of the design article at small scale and write ``docs/article/``.
+"""zoo-reproduce: test six claims of the design article at small scale and write a results page.
 
     zoo-reproduce                       # all six, about 20-30 minutes on a 2-core CPU
     zoo-reproduce --only 4 5 6          # the library measurements alone (seconds)
-    zoo-reproduce --quick --out /tmp/a  # a tiny smoke run of every experiment (tests use it)
+    zoo-reproduce --quick               # a tiny smoke run of every experiment (tests use it)
+    zoo-reproduce --out docs/article    # update the committed page (an explicit choice)
+
+The page, figures and ``results.json`` go to ``outputs/reproduce/<date>`` unless ``--out`` says
+otherwise; training runs go to a fresh temporary folder unless ``--work`` names one.
 
 1-3 train through zoo-train's own ``train()`` (Hydra's compose API on ``conf/``, the
 ``ablation_*`` experiments with overrides); 4-6 measure the library directly. Each experiment
@@ -21,7 +25,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -117,16 +120,16 @@ def _quiet() -> None:
 def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]) -> Path:
     """Train ``experiment=<experiment>`` with ``overrides`` through zoo-train's ``train()``.
 
-    Returns the run directory (fresh: deleted first, so nothing of an earlier run is read back).
+    Returns the run directory (a fresh one: an earlier run's directory is never read back or deleted).
     Quick mode shrinks the run to a few steps.
     """
     from hydra import compose, initialize_config_dir
 
     from tasks.cli.common import conf_dir
+    from tasks.cli.hydra_callbacks import claim_fresh
     from tasks.cli.train import train
 
-    run_dir = ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name)  # a name Hydra's override grammar takes
-    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir = claim_fresh(ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name))  # a name Hydra's grammar takes
     args = [f"experiment={experiment}", *overrides, f"paths.output_dir={run_dir}", "test=false",
             "callbacks=none", "logger=csv", "++trainer.enable_progress_bar=false",
             "++trainer.enable_checkpointing=false", "++trainer.enable_model_summary=false"]
@@ -874,12 +877,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zoo-reproduce", description=__doc__.split("\n")[0])
     parser.add_argument("--only", type=int, nargs="+", choices=sorted(EXPERIMENTS), default=sorted(EXPERIMENTS),
                         help="experiment numbers to run (default: all six)")
-    parser.add_argument("--out", type=Path, default=Path("docs/article"), help="where the page, PNGs and JSON go")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "zoo-reproduce",
-                        help="training run directories")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the page, PNGs and JSON go (default: outputs/reproduce/<date>; the committed "
+                             "page: docs/article)")
+    parser.add_argument("--work", type=Path, default=None, help="training run directories (default: a fresh "
+                                                                  "temporary folder)")
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run of each experiment (seconds)")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads (1 is fastest on shared cores)")
     args = parser.parse_args(argv)
+    args.out = args.out or Path("outputs/reproduce") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="zoo-reproduce-"))
     command = "zoo-reproduce " + " ".join(sys.argv[1:] if argv is None else argv)
     results = run(args.only, args.out, args.work, quick=args.quick, threads=args.threads, command=command.strip())
     console.print(f"wrote {args.out / 'README.md'} ({results['meta']['last_run_seconds'] / 60:.1f} min)")

@@ -32,6 +32,7 @@ from tasks.checkpoints import ZooCheckpointIO, claim_run_dir
 from tasks.cli.common import (
     check_composition,
     conf_dir,
+    quiet_libraries,
     read_checkpoint,
     register_model_schema,
     run_info,
@@ -100,7 +101,9 @@ def train(cfg: DictConfig) -> float | None:
                                    weights_only=True)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
     if trainer.is_global_zero:
-        summarize(output_dir, best, metrics, model_cfg)
+        score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+        summarize(output_dir, best, metrics, model_cfg, zoo.count_parameters(task.model),
+                  (cfg.monitor.metric, float(score)) if score is not None else None)
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
 
@@ -167,16 +170,22 @@ def relaunch_as_this_job() -> None:
     OmegaConf.set_readonly(hydra_cfg, True)
 
 
-def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg: zoo.ModelConfig) -> None:
+def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg: zoo.ModelConfig, params: int,
+              best_score: tuple[str, float] | None) -> None:
     table = Table(title="zoo-train finished", show_header=False)
     table.add_row("run directory", str(output_dir))
     table.add_row("best checkpoint", best or "(none saved)")
+    if best_score:
+        table.add_row("best " + best_score[0], f"{best_score[1]:.4f}")
     table.add_row("model", f"{model_cfg.arch}: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
+                           f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} KV), {params:,} parameters, "
                            f"{model_cfg.position} positions, {model_cfg.norm_placement}-{model_cfg.norm}, "
                            f"{model_cfg.ffn} FFN")
     for name in sorted(metrics):
         if name.startswith(("val/", "test/")):
             table.add_row(name, f"{metrics[name]:.4f}")
+    if "perf/tokens_per_s" in metrics:  # to compare with the README's figures on another machine
+        table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
     Console().print(table)
 
 
@@ -203,6 +212,7 @@ def one_job_of_a_sweep() -> Iterator[None]:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs
+    quiet_libraries()
     with one_job_of_a_sweep():
         if not os.environ.get(optuna_sweeper.TRIAL_ENV):
             return user_errors(train)(cfg)
