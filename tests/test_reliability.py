@@ -434,5 +434,26 @@ def test_ctrl_c_during_training_says_interrupted_and_how_to_resume(tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err[-3000:]
     crash = run_dir / "checkpoints" / "on_exception.ckpt"
-    assert f"zoo: interrupted; resume with ckpt_path={crash}" in err and "Traceback" not in err
+    assert f"zoo: interrupted; resume with: zoo-train resume={run_dir}" in err and "Traceback" not in err
     assert torch.load(crash, weights_only=True)["global_step"] >= 3
+
+
+@pytest.mark.slow
+def test_resume_continues_the_run_with_its_own_config_in_its_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run("train", *GPT, "model.n_layers=1", "test=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run("train", f"resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)  # no other override repeated
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir} from last.ckpt (step 6) with trainer.max_steps=9" in resumed.stdout
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 9 and last["hyper_parameters"]["model"]["n_layers"] == 1
+    with (run_dir / "logs" / "metrics.csv").open() as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert steps == list(range(9))  # one metrics file, every step once
+    assert (run_dir / ".hydra" / "resume" / "overrides.yaml").is_file()
+    assert not (tmp_path / "outputs").exists()  # no stray new run directory
+    other = run("train", f"resume={run_dir}", "model=llama-tiny", cwd=tmp_path)
+    one_line_error(other, "model=llama-tiny would make another run")
+    missing = run("train", f"resume={tmp_path / 'nope'}", cwd=tmp_path)
+    one_line_error(missing, "resume=", "no such folder")

@@ -26,13 +26,16 @@ class FreshRunDir(Callback):
     command's record in ``.hydra/retry``.
     """
 
-    def __init__(self, resume_key: str | None = None) -> None:
-        self.resume_key = resume_key
+    def __init__(self, resume_key: str | None = None, run_key: str | None = None) -> None:
+        self.resume_key, self.run_key = resume_key, run_key
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if os.environ.get("LOCAL_RANK") not in (None, "0") or os.environ.get("NODE_RANK") not in (None, "0"):
             return  # a DDP process Lightning started: it joins rank 0's directory
         hydra = config.hydra
+        if self.run_key and OmegaConf.select(config, self.run_key, default=None):
+            self.continue_run(config, str(OmegaConf.select(config, self.run_key)))
+            return
         chosen = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in hydra.overrides.hydra)
         folder = Path(str(hydra.run.dir)).expanduser()
         try:
@@ -45,6 +48,18 @@ class FreshRunDir(Callback):
         except OSError as error:
             _exit(f"cannot create the run directory {error.filename or folder}: {error.strerror}; choose a folder "
                   f"you can write with hydra.run.dir=", code=1)
+
+    def continue_run(self, config: DictConfig, given: str) -> None:
+        """``resume=<run dir>``: this command runs in that directory, its record in ``.hydra/resume``."""
+        from tasks.cli.resuming import run_of
+        from tasks.errors import UserError
+
+        try:
+            folder, _ = run_of(given)
+        except UserError as error:
+            _exit(str(error))
+        set_hydra(config, "run.dir", str(folder))
+        set_hydra(config, "output_subdir", str(claim_fresh(folder / ".hydra" / "resume").relative_to(folder)))
 
     def check_chosen(self, config: DictConfig, folder: Path) -> None:
         if not folder.is_dir() or not any(folder.iterdir()):

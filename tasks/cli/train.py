@@ -38,6 +38,7 @@ from tasks.cli.common import (
     run_info,
     user_errors,
 )
+from tasks.cli.resuming import resumed_config
 from tasks.data.tokenizers import read_tokenizer
 from tasks.loggers import CSVLogger
 
@@ -89,14 +90,14 @@ def train(cfg: DictConfig) -> float | None:
     relaunch_as_this_job()
 
     if cfg.train:
-        with interrupts_said(trainer, callbacks):
+        with interrupts_said(trainer, callbacks, output_dir):
             trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
         if not trainer.checkpoint_callbacks and not trainer.fast_dev_run:  # checkpointing off: the final state
             trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt", weights_only=False)  # all the same
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
-        with interrupts_said(trainer, callbacks):
+        with interrupts_said(trainer, callbacks, output_dir):
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False,
                                    weights_only=True)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
@@ -108,17 +109,25 @@ def train(cfg: DictConfig) -> float | None:
     return None if value is None else float(value)
 
 
+def train_or_resume(cfg: DictConfig) -> float | None:
+    """``train``, or with ``resume=<run dir>`` the run saved there, continued (see tasks.cli.resuming)."""
+    if cfg.get("resume"):
+        cfg = resumed_config(cfg, list(HydraConfig.get().overrides.task))
+    return train(cfg)
+
+
 @contextmanager
-def interrupts_said(trainer: L.Trainer, callbacks: list[L.Callback]) -> Iterator[None]:
+def interrupts_said(trainer: L.Trainer, callbacks: list[L.Callback], output_dir: Path) -> Iterator[None]:
     """Lightning ends a run on Ctrl-C with ``sys.exit(1)`` after its graceful shutdown; turn that
-    back into a KeyboardInterrupt that says where to resume from (the verb exits 130)."""
+    back into a KeyboardInterrupt that gives the command that resumes (the verb exits 130)."""
     try:
         yield
     except SystemExit:
         if not trainer.interrupted:
             raise
-        saved = next((c.saved for c in callbacks if isinstance(c, CrashCheckpoint) and c.saved), None)
-        raise KeyboardInterrupt(f"resume with ckpt_path={saved}" if saved else "") from None
+        saved = any(isinstance(c, CrashCheckpoint) and c.saved for c in callbacks)
+        resumable = saved or (output_dir / "checkpoints" / "last.ckpt").is_file()
+        raise KeyboardInterrupt(f"resume with: zoo-train resume={output_dir}" if resumable else "") from None
 
 
 def checkpoint_tokenizer(checkpoint: dict[str, Any], cfg: DictConfig) -> Tokenizer:
@@ -215,7 +224,7 @@ def main(cfg: DictConfig) -> float | None:
     quiet_libraries()
     with one_job_of_a_sweep():
         if not os.environ.get(optuna_sweeper.TRIAL_ENV):
-            return user_errors(train)(cfg)
+            return user_errors(train_or_resume)(cfg)
         try:  # a trial of an Optuna sweep: the sweeper records the error as the trial's failure
             return train(cfg)
         except Exception as error:
