@@ -99,3 +99,16 @@ def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = 
                         f"again (a fresh directory is chosen)") from None
     with os.fdopen(fd, "w") as f:
         f.write(f"pid {os.getpid()}\n")
+
+
+def claim_fresh(folder: Path) -> Path:
+    """``folder``, or ``folder_2``, ``folder_3`` … : the first that this process creates itself."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    candidate, n = folder, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = folder.with_name(f"{folder.name}_{n}")

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from hydra import compose, initialize_config_dir
+from test_launchers import TINY as LAUNCHER_TINY
 
 import zoo
 from tasks.cli import export, sweep_report
@@ -27,11 +28,7 @@ from zoo.pretrained import check_weights, safetensors_shapes
 
 register_model_schema()
 
-TINY = ["experiment=gpt_generator", "data.source_args.max_files=40", "data.vocab_size=300", "data.seq_len=32",
-        "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=2",
-        "trainer.val_check_interval=2", "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "test=false",
-        "task.sample_tokens=4", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
-        "callbacks.throughput=null"]
+TINY = [o.replace("trainer.max_steps=4", "trainer.max_steps=2") for o in LAUNCHER_TINY]  # two steps suffice
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,8 @@ import torch
 from test_tasks import STEPS, TINY, compose_train
 
 import zoo
-from tasks.checkpoints import RUN_MARKER, ZooCheckpointIO, claim_run_dir
+from tasks.checkpoints import RUN_MARKER, ZooCheckpointIO, claim_fresh, claim_run_dir
 from tasks.cli.common import load_task
-from tasks.cli.hydra_callbacks import claim_fresh
 from tasks.cli.train import train
 from tasks.errors import DivergedError, UserError
 

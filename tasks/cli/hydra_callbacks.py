@@ -10,7 +10,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tasks.checkpoints import holds_a_run
+from tasks.checkpoints import claim_fresh, holds_a_run
 
 
 class FreshRunDir(Callback):
@@ -92,16 +92,3 @@ def set_hydra(config: DictConfig, key: str, value: str) -> None:
 def _exit(message: str, code: int = 2) -> None:
     print(f"zoo: UserError: {message}", file=sys.stderr)
     sys.exit(code)
-
-
-def claim_fresh(folder: Path) -> Path:
-    """``folder``, or ``folder_2``, ``folder_3`` … : the first that this process creates itself."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    candidate, n = folder, 1
-    while True:
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            n += 1
-            candidate = folder.with_name(f"{folder.name}_{n}")

@@ -125,8 +125,8 @@ def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]
     """
     from hydra import compose, initialize_config_dir
 
+    from tasks.checkpoints import claim_fresh
     from tasks.cli.common import conf_dir
-    from tasks.cli.hydra_callbacks import claim_fresh
     from tasks.cli.train import train
 
     run_dir = claim_fresh(ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name))  # a name Hydra's grammar takes

@@ -208,7 +208,8 @@ class EpochBatchSampler(Sampler[list[int]]):
         return epoch, resume[1] if resume is not None and resume[0] == epoch else 0
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        raise NotImplementedError
+        """This process's batches of ``epoch``, in order (the hook each sampler defines)."""
+        raise NotImplementedError(f"{type(self).__name__} must define epoch_batches")
 
     def rng(self, epoch: int) -> random.Random:
         """The random source of one epoch's order."""
