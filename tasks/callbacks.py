@@ -8,7 +8,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 import zoo
 from tasks.errors import DivergedError
@@ -77,7 +78,20 @@ class Throughput(L.Callback):
 
 class ProgressBar(RichProgressBar):
     """Lightning's rich progress bar without what means nothing in a step-counted run: the epoch
-    count "0/-2" (max_epochs=-1) and the logger version ("v_num: logs")."""
+    count "0/-2" (max_epochs=-1) and the logger version ("v_num: logs").
+
+    Args:
+        test_label: the test pass's label, which zoo-train uses to say how to skip it (a beam
+            search translator's test pass can take longer than a short run's training).
+    """
+
+    def __init__(self, test_label: str = "Testing", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.test_label = test_label
+
+    @property
+    def test_description(self) -> str:  # Lightning's label of the test bar
+        return self.test_label
 
     def _get_train_description(self, current_epoch: int) -> str:  # Lightning's hook for the bar's label
         if self.trainer.max_epochs is None or self.trainer.max_epochs < 0:
@@ -88,6 +102,34 @@ class ProgressBar(RichProgressBar):
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
         return items
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's rich model summary without its FLOPs, which count a forward of an example input
+    that zoo's tasks do not define (so they always read 0; ``zoo.stats`` gives FLOPs per token), and
+    without the train/eval mode of each module; the parameter counts on one line."""
+
+    @staticmethod
+    def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
+                  model_size: float, total_training_modes: dict[str, int], total_flops: int,
+                  **summarize_kwargs: Any) -> None:
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name not in ("FLOPs", "Mode")]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            table.add_column(name if name else " ", justify="right" if name == "Params" else "left",
+                             style="dim" if not name else None)
+        for row in zip(*(values for _, values in columns), strict=True):
+            table.add_row(*row)
+        console = get_console()
+        console.print(table)
+        frozen = total_parameters - trainable_parameters
+        console.print(f"[bold]Parameters[/]: {get_human_readable_count(int(total_parameters))} "
+                      f"({get_human_readable_count(int(trainable_parameters))} trainable"
+                      + (f", {get_human_readable_count(int(frozen))} frozen" if frozen else "")
+                      + f"), {get_formatted_model_size(model_size)} MB")
 
 
 class CrashCheckpoint(L.Callback):

@@ -4,6 +4,7 @@ reload, export, generate; plus the data modules' properties."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
@@ -168,8 +169,8 @@ def test_typed_model_overrides_fail_at_composition(tmp_path):
     assert isinstance(error.value.__cause__ or error.value, ValidationError) or "four" in str(error.value)
 
 
-def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
+def _run(args: list[str], cwd: Path, timeout: int = 300, warnings: str = "ignore") -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": warnings}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -199,6 +200,11 @@ def test_real_commands_multirun_eval_generate_export(tmp_path):
     exported = _run(["tasks.cli.export", f"ckpt_path={ckpt}", "format=safetensors", f"out={tmp_path / 'st'}"],
                     tmp_path)
     assert exported.returncode == 0 and "max abs diff 0" in exported.stdout, exported.stderr[-3000:]
+    if importlib.util.find_spec("onnxruntime"):  # with the library's warnings shown: none reaches the user
+        onnx = _run(["tasks.cli.export", f"ckpt_path={ckpt}", "format=onnx", f"out={tmp_path / 'onnx'}"], tmp_path,
+                    warnings="default")
+        assert onnx.returncode == 0 and "onnxruntime vs PyTorch" in onnx.stdout, onnx.stderr[-3000:]
+        assert onnx.stderr == "", onnx.stderr[-3000:]  # no torchvision lines, no axis-name notes
 
     bad = _run(["tasks.cli.train", "experiment=t5_translator", "model/arch=decoder"], tmp_path)
     assert bad.returncode == 2 and "zoo: ConfigError" in bad.stderr and "TranslatorTask" in bad.stderr

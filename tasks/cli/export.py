@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from torch import Tensor, nn
 
 import zoo
 from tasks import ClassifierTask, MLMTask, ZooTask
-from tasks.cli.common import conf_dir, load_task, user_errors
+from tasks.cli.common import conf_dir, load_task, quiet_libraries, user_errors
 from tasks.errors import UserError
 from zoo.attention import Attention
 from zoo.io import atomic_write_text
@@ -174,6 +177,22 @@ def require_onnx() -> None:
                             f"extra: pip install -e \".[export]\"")
 
 
+@contextmanager
+def exporter_quiet() -> Iterator[None]:
+    """Silence what torch's ONNX exporter says that a user cannot act on: a line per torchvision
+    operator it skips (torchvision is not a dependency) and a note that inputs sharing a dynamic
+    axis (batch, seq) share its name."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*The axis name: .* will not be used")
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
     """Write the ONNX folder and return the max abs difference between onnxruntime and PyTorch.
 
@@ -192,8 +211,9 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     if "decoder_input_ids" in inputs:
         shapes["decoder_input_ids"] = {0: batch, 1: target}
-    program = torch.onnx.export(graph, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
-                                output_names=["output"], opset_version=opset, dynamo=True, verbose=False)
+    with exporter_quiet():
+        program = torch.onnx.export(graph, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
+                                    output_names=["output"], opset_version=opset, dynamo=True, verbose=False)
     with tempfile.TemporaryDirectory(prefix="zoo-export-") as stage:
         program.save(Path(stage) / "model.onnx")  # + model.onnx.data when over torch's single-file limit
         staged = sorted(os.listdir(stage), key=lambda name: name == "model.onnx")
@@ -231,6 +251,7 @@ def main(cfg: DictConfig) -> float:
         raise UserError(f"overwrite={cfg.overwrite!r} must be true or false")
     if cfg.format == "onnx":
         require_onnx()
+    quiet_libraries()
     out = Path(cfg.out).expanduser()
     task, info = load_task(cfg.ckpt_path)
     check_destination(out, files_of(task, cfg.format), overwrite=cfg.overwrite)

@@ -158,9 +158,10 @@ def check_same_model(model_cfg: zoo.ModelConfig, checkpoint: dict[str, Any], pat
     mine = model_cfg.to_dict()
     diff = [f"model.{k}={theirs[k]!r} there, {mine[k]!r} here" for k in mine if mine[k] != theirs.get(k)]
     if diff:
+        run_dir = Path(path).resolve().parent.parent
         raise zoo.ConfigError(f"ckpt_path={path} was trained with another model ({'; '.join(diff[:3])}"
-                              f"{'; …' if len(diff) > 3 else ''}); resume with the run's own model settings "
-                              f"(see its config.yaml)")
+                              f"{'; …' if len(diff) > 3 else ''}); continue that run with its own config: "
+                              f"zoo-train resume={run_dir} (key=value overrides apply on top)")
 
 
 def relaunch_as_this_job() -> None:
