@@ -12,7 +12,7 @@ import zoo
 from tasks.cli.common import conf_dir
 from tasks.data import LMDataModule, MLMDataModule, TranslationDataModule
 from tasks.data.modules import IGNORE, BucketBatchSampler
-from tasks.data.sources import local_records, split_of, stdlib_docstrings
+from tasks.data.sources import local_records, number_pairs, split_of, stdlib_docstrings
 from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, train_tokenizer
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    x: int\n    y: int\n",
@@ -119,3 +119,21 @@ def test_every_registered_name_has_a_yaml_file_and_back():
         for name in names:
             assert (conf / family / f"{name}.yaml").read_text().splitlines()[1] == f"{family}: {name}"
     assert sorted(p.stem for p in conf.glob("*.yaml")) == zoo.list_models()
+
+
+def test_number_pairs_give_short_numbers_weight_and_score_each_number_once():
+    records = number_pairs(4000, target_lang="fr")
+    digits = Counter(len(r["key"]) for r in records)
+    assert digits[1] + digits[2] > 0.15 * len(records)  # drawn uniformly below 100,000 they would be 0.1%
+    targets: dict[str, set[str]] = {}
+    for r in records:
+        targets.setdefault(r["key"], set()).add(r["target"])
+    assert all(len(t) == 1 for t in targets.values()) and targets["6"] == {"six"}
+    dm = _setup(TranslationDataModule(source="numbers", source_args={"n": 4000}, vocab_size=300, seq_len=32,
+                                      batch_size=8))
+    held_out = [dm.datasets[s] for s in ("val", "test")]
+    for dataset in held_out:  # a repeated number weights training; a score counts it once
+        references = [item[2] for item in dataset.items]
+        assert len(references) == len(set(references))
+    train = Counter(item[2] for item in dm.datasets["train"].items)
+    assert max(train.values()) > 1

@@ -81,6 +81,8 @@ class TextDataModule(L.LightningDataModule):
         for record in records:  # records of one group (e.g. one source file) stay in one split
             group = str(record.get("group", record["key"]))
             splits[split_of(group, self.val_fraction, self.test_fraction)].append(record)
+        for name in ("val", "test"):  # a record a source repeats weights training; a score counts it once
+            splits[name] = list({str(r["key"]): r for r in splits[name]}.values())
         if not splits["train"] or not splits["val"]:
             raise DataError(f"data.source={self.source}: {len(records)} records (data.max_records="
                             f"{self.max_records}) leave the train or the validation split empty (data.val_fraction="
