@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path in one prepared script (under 8 minutes on an H100/H200-class GPU):
 #   1. the GPU tests (pytest -m gpu),
-#   2. GPT-2-124M training throughput and MFU, bf16 autocast, fused AdamW, SDPA kernels,
+#   2. scripts/bench/device.py: GPT-2-124M training throughput and MFU, bf16 autocast, fused AdamW, SDPA kernels,
 #      torch.compile off and on.
 # Without CUDA it runs a dry mode: the same steps on the CPU with a tiny model, to prove the script works.
 set -euo pipefail
@@ -10,11 +10,10 @@ out=${OUT:-.}
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   python -m pytest -m gpu -q -p no:cacheprovider
-  python -c "from tasks.cli.bench import device_main; device_main()" --preset gpt2 --batch 16 --length 1024 \
-    --steps 20 --json "$out/gpu_bench.json"
+  python scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 --json "$out/gpu_bench.json"
 else
   echo "no CUDA device: dry run on the CPU (tiny model; the figures mean nothing)"
   python -m pytest -m gpu -q -p no:cacheprovider || [ $? -eq 5 ]   # 5: every gpu test skipped
-  python -c "from tasks.cli.bench import device_main; device_main()" --preset gpt-tiny --batch 2 --length 64 \
-    --steps 2 --device cpu --json "$out/gpu_bench.json"
+  python scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 --device cpu \
+    --json "$out/gpu_bench.json"
 fi

@@ -18,3 +18,10 @@ def tiny_model(seed: int = 0, **overrides) -> zoo.ZooModel:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def pytest_configure(config):
+    """Tests compose zoo-train's config as the verb does: its schemas and sweeper registered first."""
+    from tasks.cli.common import register_configs
+
+    register_configs()

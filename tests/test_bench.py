@@ -1,22 +1,43 @@
-"""zoo-bench at a tiny size: every part runs and reports what the README quotes (no timing asserted)."""
+"""The benchmarks of scripts/bench/ at a tiny size: every part runs and reports what the README quotes (no
+timing asserted), and each script runs from a checkout as ``python scripts/bench/<name>.py``."""
 
+import importlib.util
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 
-from tasks.cli.bench import run  # noqa: E402
+
+def _script(name: str):
+    """scripts/bench/<name>.py as a module (scripts/ is no package: it is loaded from its file)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["hf_compare", "device"])
+def test_each_script_runs_from_a_checkout(name):
+    out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], capture_output=True, text=True,
+                         timeout=120, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"usage: scripts/bench/{name}.py") and "--json" in out.stdout
 
 
 @pytest.mark.slow
 def test_bench_tiny_runs_every_part(tmp_path):
+    pytest.importorskip("transformers")
     out = tmp_path / "bench.json"
-    result = run(["--only", "train", "generate", "memory", "--families", "gpt2", "--precisions", "fp32",
-                   "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "128", "--batch", "2",
-                   "--length", "16", "--rounds", "1", "--steps", "1", "--new-tokens", "4",
-                   "--cache-lengths", "8", "32", "--json", str(out)])
+    result = _script("hf_compare").run(
+        ["--only", "train", "generate", "memory", "--families", "gpt2", "--precisions", "fp32", "--layers", "1",
+         "--d-model", "32", "--heads", "2", "--vocab", "128", "--batch", "2", "--length", "16", "--rounds", "1",
+         "--steps", "1", "--new-tokens", "4", "--cache-lengths", "8", "32", "--json", str(out)])
     saved = json.loads(out.read_text())
     assert saved["config"]["families"] == ["gpt2"]
     names = [r["name"] for r in saved["results"]]
@@ -30,3 +51,12 @@ def test_bench_tiny_runs_every_part(tmp_path):
     assert set(memory) == {"gpt2 fp32 zoo", "gpt2 fp32 hf"}
     assert all(v > 0 for v in memory.values())  # a training step allocates
     assert [r["name"] for r in result["results"]] == names  # what it returns is what it saved
+
+
+@pytest.mark.slow
+def test_device_bench_tiny_on_the_cpu():
+    """The dry run of scripts/gpu_check.sh, compile off only (inductor on a CPU takes minutes)."""
+    device = _script("device")
+    row = device.bench_device_training("gpt-tiny", batch=2, length=16, steps=1, compile=False, device="cpu")
+    assert row["preset"] == "gpt-tiny" and row["tokens_per_s"] > 0 and row["model_tflops_per_s"] > 0
+    assert row["mfu"] is None and row["peak_memory_gib"] is None  # no peak FLOP/s known for a CPU

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from conftest import tiny_config, tiny_model
 
 import zoo
-from zoo.attention import Attention, AttentionInputs
+from zoo.attention import Attention, AttentionInputs, CrossAttention, SelfAttention
 from zoo.norm import LayerNorm, RMSNorm
 from zoo.position import ALiBi, RoPE, Sinusoidal, T5Relative, alibi_slopes, apply_rotary, t5_relative_bucket
+from zoo.registry import MASK
 
 POSITIONS = zoo.list_components()["position"]
 
@@ -107,17 +108,21 @@ def test_t5_relative_table_is_shared_by_all_layers_of_a_stack():
     assert model.encoder.position.bidirectional and not model.decoder.position.bidirectional
 
 
-@pytest.mark.parametrize("arch", ["encoder", "decoder"])
-def test_without_positions_self_attention_is_permutation_equivariant(arch):
-    cfg = dict(position="none", mask="bidirectional") if arch == "encoder" else dict(position="none")
-    model = tiny_model(arch=arch, **cfg)
+def test_without_positions_a_bidirectional_encoder_is_permutation_equivariant():
+    model = tiny_model(arch="encoder", position="none", mask="bidirectional")
     x = torch.randint(0, 61, (1, 7))
     perm = torch.randperm(7)
-    out = model(x) if arch == "encoder" else model.features(x)
-    if arch == "encoder":
-        torch.testing.assert_close(model(x[:, perm]), out[:, perm], atol=1e-5, rtol=1e-5)
-    else:  # a causal decoder is not: order matters through the mask
-        assert not torch.allclose(model.features(x[:, perm]), out[:, perm], atol=1e-3)
+    torch.testing.assert_close(model(x[:, perm]), model(x)[:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_without_positions_a_causal_decoder_sees_order_through_its_mask_alone():
+    model = tiny_model(arch="decoder", position="none")
+    x = torch.randint(0, 61, (1, 7))
+    out = model.features(x)
+    shuffled = torch.cat([x[:, :4], x[:, 4:].flip(1)], dim=1)  # the same prefix, its future reordered
+    torch.testing.assert_close(model.features(shuffled)[:, :4], out[:, :4])  # the prefix never sees it
+    perm = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+    assert not torch.allclose(model.features(x[:, perm]), out[:, perm], atol=1e-3)  # not equivariant: order matters
 
 
 @pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "alibi", "t5_relative"])
@@ -159,9 +164,9 @@ def test_norm_placement_formulas(placement):
 
 
 def test_ffn_hidden_sizes():
-    assert tiny_config(ffn="gelu", d_ff=None, d_model=64).ffn_hidden == 256
-    assert zoo.ModelConfig(ffn="swiglu", d_model=4096).ffn_hidden == 11008  # Llama's 2/3 * 4d rule
-    assert zoo.ModelConfig(ffn="geglu", d_model=512, ffn_multiple_of=64).ffn_hidden == 1408
+    assert tiny_config(ffn="gelu", d_ff=None, d_model=64).resolved_d_ff == 256
+    assert zoo.ModelConfig(ffn="swiglu", d_model=4096).resolved_d_ff == 11008  # Llama's 2/3 * 4d rule
+    assert zoo.ModelConfig(ffn="geglu", d_model=512, ffn_multiple_of=64).resolved_d_ff == 1408
 
 
 def test_swiglu_is_silu_gate_times_up():
@@ -199,8 +204,8 @@ def test_sdpa_kernel_equals_math_kernel(kv_heads, mask_kind):
 
 def test_gqa_with_as_many_kv_heads_as_heads_equals_mha_with_repeated_kv():
     torch.manual_seed(0)
-    gqa = Attention(32, 4, 2, 8, qkv_bias=True, out_bias=True)
-    mha = Attention(32, 4, 4, 8, qkv_bias=True, out_bias=True)
+    gqa = SelfAttention(32, 4, 2, 8, qkv_bias=True, out_bias=True)
+    mha = SelfAttention(32, 4, 4, 8, qkv_bias=True, out_bias=True)
     with torch.no_grad():  # MHA whose heads 2i, 2i+1 share the K/V weights of GQA's head i
         wq, wk, wv = gqa.qkv.weight.split((32, 16, 16))
         bq, bk, bv = gqa.qkv.bias.split((32, 16, 16))
@@ -228,7 +233,7 @@ def test_sdpa_path_equals_math_path_in_whole_models(position, arch, mask):
     x = torch.randint(0, 61, (2, 9))
     pad = torch.ones(2, 9, dtype=torch.long)
     pad[1, 6:] = 0
-    kw = {"prefix_len": 4} if mask == "prefix" else {}
+    kw = {"prefix_len": 4} if MASK.get(mask).needs_prefix_len else {}
     if arch == "encoder_decoder":
         y = torch.randint(0, 61, (2, 5))
         torch.testing.assert_close(sdpa(x, y, pad), math_(x, y, pad), atol=1e-4, rtol=1e-4)
@@ -246,3 +251,33 @@ def test_capture_attention_returns_probabilities_and_restores_kernels():
     torch.testing.assert_close(probs["encoder.blocks.1.attn"].sum(-1), torch.ones(1, 4, 7))
     assert probs["decoder.blocks.0.attn"][0, :, 0, 1:].abs().max() == 0  # causal: nothing from the future
     assert all(m.kernel == "sdpa" for m in model.modules() if isinstance(m, Attention))
+
+
+def test_self_and_cross_attention_keep_their_parameter_names():
+    self_attn = SelfAttention(32, 4, 2, 8, qkv_bias=True, out_bias=False)
+    cross_attn = CrossAttention(32, 4, 2, 8, qkv_bias=True, out_bias=False)
+    assert list(self_attn.state_dict()) == ["qkv.weight", "qkv.bias", "out.weight"]
+    assert list(cross_attn.state_dict()) == ["q.weight", "q.bias", "kv.weight", "kv.bias", "out.weight"]
+    assert self_attn.query_weight().shape == cross_attn.query_weight().shape == (32, 32)
+
+
+def test_cross_attention_attends_over_memory_and_its_cache():
+    torch.manual_seed(0)
+    layer = CrossAttention(32, 4, 2, 8, qkv_bias=False, out_bias=False)
+    x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+    cache = zoo.KVCache()
+    first = layer(x, AttentionInputs(), cache=cache, memory=memory)
+    assert first.shape == (2, 3, 32) and cache.length == 5
+    torch.testing.assert_close(layer(x, AttentionInputs(), cache=cache), first)  # keys and values from the cache
+
+
+def test_init_scales_the_residual_projections_each_component_marks():
+    model = tiny_model(arch="encoder_decoder", n_layers=8, d_model=64, d_ff=256, init_std=0.5)
+    marked = [p for m in model.modules() if hasattr(m, "residual_projections") for p in m.residual_projections()]
+    enc, dec = model.encoder.blocks[0], model.decoder.blocks[0]
+    assert len(marked) == 2 * 8 + 3 * 8  # encoder blocks: attention and FFN; decoder blocks: cross-attention too
+    assert marked[:2] == [enc.attn.out, enc.ffn.proj]
+    assert marked[16:19] == [dec.attn.out, dec.cross_attn.out, dec.ffn.proj]
+    scaled = torch.cat([p.weight.flatten() for p in marked]).std().item()
+    assert scaled == pytest.approx(0.5 / math.sqrt(2 * 16), rel=0.05)  # 1/sqrt(2 * layers), 16 layers in all
+    assert dec.ffn.fc.weight.std().item() == pytest.approx(0.5, rel=0.05)  # an input projection is not scaled

@@ -5,6 +5,8 @@ import torch
 from conftest import tiny_config
 
 import zoo
+from zoo.position import NoPosition
+from zoo.registry import POSITION
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -50,8 +52,33 @@ def test_unknown_fields_are_rejected_with_the_closest_name():
         zoo.ModelConfig.from_dict({"hidden": 3})
 
 
-def test_config_error_is_a_value_error():
-    assert issubclass(zoo.ConfigError, ValueError)
+def test_validate_asks_each_chosen_component_to_check_its_own_settings():
+    @zoo.register("position", "even_layers_test")
+    class EvenLayers(NoPosition):
+        @classmethod
+        def check(cls, cfg):
+            if cfg.n_layers % 2:
+                raise zoo.ConfigError(f"position={cfg.position!r} needs an even n_layers, not {cfg.n_layers}")
+
+    try:
+        zoo.build_model(tiny_config(position="even_layers_test", n_layers=2))
+        with pytest.raises(zoo.ConfigError, match="position='even_layers_test' needs an even n_layers, not 3"):
+            tiny_config(position="even_layers_test", n_layers=3).validate()
+        tiny_config(position="none", n_layers=3).validate()  # the rule is the component's, not the config's
+    finally:
+        POSITION.unregister("even_layers_test")
+
+
+def test_resolved_values_fill_in_the_fields_left_as_none():
+    cfg = tiny_config(d_model=32, n_heads=4, head_dim=None, n_kv_heads=None, d_ff=None, ffn="gelu", mask=None,
+                      arch="encoder_decoder", n_decoder_layers=1)
+    assert (cfg.resolved_head_dim, cfg.resolved_n_kv_heads, cfg.resolved_d_ff) == (8, 4, 128)
+    assert (cfg.resolved_n_encoder_layers, cfg.resolved_n_decoder_layers) == (2, 1)
+    assert cfg.resolved_mask == "bidirectional" and tiny_config(arch="decoder").resolved_mask == "causal"
+    assert (cfg.head_dim, cfg.n_kv_heads, cfg.d_ff, cfg.mask) == (None, None, None, None)  # fields untouched
+    cfg = tiny_config(head_dim=6, n_kv_heads=2, d_ff=40, mask="prefix")
+    resolved = (cfg.resolved_head_dim, cfg.resolved_n_kv_heads, cfg.resolved_d_ff, cfg.resolved_mask)
+    assert resolved == (6, 2, 40, "prefix")
 
 
 def test_config_round_trips_through_plain_data():

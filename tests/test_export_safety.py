@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_dir
 from test_launchers import TINY as LAUNCHER_TINY
 
 import zoo
-from tasks.cli import export, sweep_report
+from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
+from tasks.cli import export
 from tasks.cli.common import conf_dir, load_task, register_model_schema
 from tasks.cli.train import train
 from tasks.errors import UserError

@@ -227,7 +227,7 @@ def test_rope_decoder_logits(variant):
             transformers.Qwen2Config, tie_word_embeddings=variant == "qwen2_tied"))
     model = _convert(hf)
     cfg = model.config
-    assert cfg.kv_heads == 2 and cfg.n_heads == 4
+    assert cfg.resolved_n_kv_heads == 2 and cfg.n_heads == 4
     if variant == "rope_linear":
         assert (cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor) == (500.0, "linear", 2.0)
     if variant.startswith("qwen2"):
@@ -276,15 +276,20 @@ def _hf_parameters(hf: torch.nn.Module) -> int:
     return sum(p.numel() for p in hf.parameters())  # tied tensors once
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "t5", "llama", "qwen2"])
-def test_config_round_trip_sizes(name):
-    hf = {
-        "gpt2": lambda: _build(transformers.GPT2LMHeadModel, _gpt2_config()),
-        "bert": lambda: _build(transformers.BertModel, _bert_config()),
-        "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
-        "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
-        "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
-    }[name]()
+_TINY = {  # one tiny model per registered family
+    "gpt2": lambda: _build(transformers.GPT2LMHeadModel, _gpt2_config()),
+    "bert": lambda: _build(transformers.BertModel, _bert_config()),
+    "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
+    "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
+    "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
+}
+
+
+@pytest.mark.parametrize("name", zoo.hf.FAMILIES.names())
+def test_every_family_round_trips_its_config_and_sizes(name):
+    assert name in _TINY, f"HF family {name!r} is registered in zoo.hf.FAMILIES but has no tiny model in _TINY"
+    hf = _TINY[name]()
+    assert hf.config.model_type == name
     cfg = zoo.from_hf_config(hf.config)
     c = hf.config
     assert (cfg.vocab_size, cfg.d_model) == (c.vocab_size, c.hidden_size)
@@ -306,6 +311,20 @@ def test_default_configs_give_published_sizes(config, expected):
     with torch.device("meta"):
         model = zoo.build_model(zoo.from_hf_config(config()))
     assert zoo.count_parameters(model) == expected
+
+
+def test_a_family_registered_from_outside_converts():
+    """A new model_type is one record: Mistral without its sliding window is Llama's layout."""
+    llama = zoo.hf.FAMILIES.get("llama")
+    zoo.hf.FAMILIES.register("mistral")(zoo.hf.Family(llama.config, llama.weights, llama.backbone))
+    try:
+        hf = _build(transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=None))
+        model = _convert(hf)
+    finally:
+        zoo.hf.FAMILIES.unregister("mistral")
+    ids = _tokens(2, 12)
+    with torch.no_grad():
+        _close(model(ids), hf(ids).logits)
 
 
 def test_unsupported_model_type_raises():

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tasks.cli import sweep_report
+from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
 from tasks.cli.common import conf_dir, register_model_schema
 
 register_model_schema()

@@ -9,6 +9,7 @@ import torch
 from conftest import tiny_config, tiny_model
 
 import zoo
+from zoo.inspect import attention_kind
 
 C = zoo.list_components()
 COMBINATIONS = list(itertools.product(C["arch"], C["position"], C["norm"], C["norm_placement"], C["ffn"]))
@@ -34,6 +35,31 @@ def test_every_component_combination_builds_runs_and_backpropagates(arch, positi
     assert torch.isfinite(out).all()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("arch", C["arch"])
+def test_each_form_declares_what_its_model_does(arch):
+    cfg = tiny_config(arch=arch)
+    form = cfg.form
+    model = zoo.build_model(cfg, seed=0).eval()
+    assert type(model) is form is zoo.registry.ARCH.get(arch)
+    assert cfg.resolved_mask == form.natural_mask and type(model.stacks()[0].mask) is zoo.registry.MASK.get(
+        form.natural_mask)
+    inputs = form.example_inputs(cfg, batch=3, length=8)
+    assert list(inputs) == list(form.input_names) and all(t.shape[0] == 3 for t in inputs.values())
+    assert inputs["attention_mask"][0].tolist() == [1] * 4 + [0] * 4  # padding is exercised
+    with zoo.capture_attention(model) as maps:
+        model(**inputs)  # forward takes exactly these inputs, by keyword
+    assert sorted({attention_kind(name) for name in maps}) == sorted(form.attention_kinds)
+    assert (model.new_cache().cross_attn is not None) == form.cross_attention == ("cross" in form.attention_kinds)
+    assert form.has_vocab_head(cfg) == (arch != "encoder") and form.attention_layers(cfg) >= cfg.n_layers
+    if form.decoding is None:
+        assert form.cached_layers(cfg) == 0
+        with pytest.raises(TypeError, match=f"an {arch} does not generate; use arch='decoder' or 'encoder_decoder'"):
+            model.generate(inputs["input_ids"], 2)
+    else:
+        out = model.generate(inputs["input_ids"][1:], 2)
+        assert out.shape == (2, form.decoding.held(8) + 2) and form.cached_layers(cfg) > 0
 
 
 @pytest.mark.parametrize("position", C["position"])
@@ -165,8 +191,7 @@ def test_embed_scale_equals_scaling_the_embedding_table(arch):
     plain = zoo.build_model(cfg, seed=0).eval()
     with torch.no_grad():
         plain.embed.weight.mul_(4.0)
-    ids = torch.randint(0, 50, (2, 5))
-    args = (ids, ids[:, :3]) if arch == "encoder_decoder" else (ids,)
-    torch.testing.assert_close(scaled(*args), plain(*args))
+    inputs = cfg.form.example_inputs(cfg, batch=2, length=5)
+    torch.testing.assert_close(scaled(**inputs), plain(**inputs))
     with pytest.raises(zoo.ConfigError, match="embed_scale"):
         zoo.build_model(cfg.replace(embed_scale=0.0))

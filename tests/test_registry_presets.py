@@ -31,8 +31,7 @@ def test_list_models_filters_with_fnmatch():
 def test_tiny_presets_train_a_step(name):
     model = zoo.create_model(name, seed=0).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 1024, (2, 16))
-    out = model(x, x) if model.config.arch == "encoder_decoder" else model(x)
+    out = model(**model.example_inputs(model.config, length=16))
     out.float().square().mean().backward()
     opt.step()
     assert zoo.count_parameters(model) < 3_000_000
@@ -84,7 +83,8 @@ def test_a_user_component_plugs_in_by_name():
         assert isinstance(model.decoder.final_norm, ScaleNorm)
         assert torch.isfinite(model(torch.randint(0, 1024, (1, 4)))).all()
     finally:
-        del registry._items["scalenorm_test"]
+        registry.unregister("scalenorm_test")
+    assert "scalenorm_test" not in zoo.list_components()["norm"]
 
 
 def test_unknown_registry_lookup_lists_names():
@@ -94,3 +94,12 @@ def test_unknown_registry_lookup_lists_names():
     with pytest.raises(zoo.ConfigError, match=r"colour='gren' is not a registered colour; valid names: green, red\. "
                                               r"Did you mean 'green'\?"):
         reg.get("gren")
+
+
+def test_unregister_removes_a_name_and_refuses_an_unknown_one():
+    reg = Registry("colour")
+    reg.register("red")(1)
+    assert reg.unregister("red") == 1 and "red" not in reg
+    reg.register("red")(2)  # the name is free again
+    with pytest.raises(zoo.ConfigError, match=r"colour='blue' is not a registered colour; valid names: red"):
+        reg.unregister("blue")

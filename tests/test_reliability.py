@@ -400,7 +400,7 @@ def test_a_resume_into_its_own_directory_keeps_the_first_commands_record(tmp_pat
     first = run("train", *GPT, "test=false", f"hydra.run.dir={run_dir}", cwd=tmp_path,
                 extra=["++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}"])
     assert first.returncode == 0, first.stderr[-3000:]
-    for noise in ("litlogger", "`weights_only` was not set", "Epoch 0/-2", "v_num", "FLOPs"):  # nothing a user cannot act on
+    for noise in ("litlogger", "`weights_only` was not set", "Epoch 0/-2", "v_num", "FLOPs"):  # nothing to act on
         assert noise not in first.stdout + first.stderr, noise
     assert not (run_dir / "train.log").exists()  # Hydra's job log stayed empty: there is none
     before = digest(run_dir)

@@ -83,5 +83,6 @@ def test_plugins_register_through_entry_points(tmp_path, monkeypatch):
         model = zoo.build_model(tiny_config(ffn="plugin_ffn"))
         assert torch.isfinite(model(torch.randint(0, 61, (1, 4)))).all()
     finally:
-        registry.FFN._items.pop("plugin_ffn", None)
+        if "plugin_ffn" in registry.FFN:
+            registry.FFN.unregister("plugin_ffn")
         sys.modules.pop("zoo_test_plugin", None)

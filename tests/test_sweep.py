@@ -17,8 +17,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from hydra_plugins.zoo_optuna_sweeper._study import INTERRUPTED, SearchSpace
-from tasks.cli import sweep_report
+from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
+from hydra_plugins.zoo_optuna_sweeper._names import ERROR, INTERRUPTED, JOB_DIR, RETRY_OF
+from hydra_plugins.zoo_optuna_sweeper._study import SearchSpace
 from tasks.cli.common import conf_dir, register_model_schema
 
 register_model_schema()
@@ -82,11 +83,32 @@ def test_each_experiment_has_a_search_that_composes(experiment):
     assert len(space.params) >= 5
 
 
-def test_plugin_module_imports_no_optuna():
-    """Hydra imports every plugin module at each start of zoo-train: it must stay light."""
-    probe = "import sys, hydra_plugins.zoo_optuna_sweeper.sweeper; print('optuna' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/")
-    assert out.stdout.strip() == "False", out.stderr[-2000:]
+def test_hydra_plugin_scan_imports_the_package_and_nothing_heavy():
+    """At every start of every Hydra app, Hydra's plugin scan runs each module of the package whose
+    name has no leading underscore (the sweeper, the report), outside sys.modules, as a regular
+    install lists it (here: the checkout on PYTHONPATH). It must work and stay light."""
+    probe = ("import sys; from hydra.core.plugins import Plugins; from hydra.plugins.sweeper import Sweeper; "
+             "print([p.__name__ for p in Plugins.instance().discover(Sweeper)]); "
+             "print(sorted(Plugins.instance().stats.modules_import_time)); "
+             "print(sorted(m for m in ('optuna', 'lightning', 'torch', 'matplotlib') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/", env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sweepers, scanned, heavy = out.stdout.strip().splitlines()
+    assert "ZooOptunaSweeper" in sweepers
+    assert "hydra_plugins.zoo_optuna_sweeper.report" in scanned and "_study" not in scanned
+    assert heavy == "[]"
+
+
+def test_the_pruning_callback_is_named_by_the_callbacks_config():
+    """tasks/ does not import the sweeper: the callback lives with it and conf/ names it there."""
+    from hydra_plugins.zoo_optuna_sweeper._pruning import OptunaPruning
+
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=gpt_generator"])
+    node = cfg.callbacks.optuna_pruning
+    assert node._target_ == f"{OptunaPruning.__module__}.{OptunaPruning.__name__}"
+    assert node.monitor == cfg.monitor.metric
 
 
 def test_the_report_refuses_a_directory_that_is_not_a_sweep(tmp_path, capsys):
@@ -152,15 +174,15 @@ def test_a_killed_sweep_resumes_where_it_stopped(resumed):
     assert len(complete) == 3  # n_trials, counted across both runs
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert trials[killed].state == TrialState.FAIL and study.user_attrs[INTERRUPTED] == [killed]
-    retry = [t for t in trials if t.user_attrs.get("zoo_retry_of") == killed]
+    retry = [t for t in trials if t.user_attrs.get(RETRY_OF) == killed]
     assert len(retry) == 1 and retry[0].params == trials[killed].params and retry[0].state == TrialState.COMPLETE
     assert len({tuple(sorted(t.params.items())) for t in complete}) == 3  # no trial ran twice
     assert all(isinstance(t.value, float) for t in complete)
     # each job's directory is named by its trial number, in the sweep directory of the run that ran it
     for t in complete:
-        assert Path(t.user_attrs["job_dir"]).name == str(t.number)
-        assert (Path(t.user_attrs["job_dir"]) / "logs" / "metrics.csv").is_file()
-    assert {Path(t.user_attrs["job_dir"]).parent.name for t in complete} == {"first", "second"}
+        assert Path(t.user_attrs[JOB_DIR]).name == str(t.number)
+        assert (Path(t.user_attrs[JOB_DIR]) / "logs" / "metrics.csv").is_file()
+    assert {Path(t.user_attrs[JOB_DIR]).parent.name for t in complete} == {"first", "second"}
 
 
 @pytest.mark.slow
@@ -172,7 +194,7 @@ def test_report_on_an_optuna_sweep(resumed, capsys):
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| trial")]
     assert len(rows) == len(study.trials)  # the whole study, the killed run's trials included
     assert f"| {killed} | FAIL |" in table and "★" in table and "optimizer.lr" in table
-    retry = next(t.number for t in study.trials if t.user_attrs.get("zoo_retry_of") == killed)
+    retry = next(t.number for t in study.trials if t.user_attrs.get(RETRY_OF) == killed)
     assert f"interrupted, retried as trial {retry} |" in table
     best = study.best_trial
     assert f"| {best.number} ★ | COMPLETE | {best.value:.4g} |" in table
@@ -193,7 +215,7 @@ def test_pruning_stops_trials_from_their_validation_metric(tmp_path, monkeypatch
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]
     for trial in study.trials:
         assert list(trial.intermediate_values) == [3]  # reported at the first validation (step 3 of 6), not later
-        job = Path(trial.user_attrs["job_dir"])
+        job = Path(trial.user_attrs[JOB_DIR])
         steps = [line.split(",")[1] for line in (job / "logs" / "metrics.csv").read_text().splitlines()[1:]]
         assert max(int(s) for s in steps if s) < 5  # stopped before the last step
         assert not (job / "checkpoints" / "on_exception.ckpt").exists()  # a pruned trial is no crash
@@ -215,7 +237,7 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     assert ended.value.code == 1
     assert "zoo: SweepError: all 2 trials of study" in capsys.readouterr().err
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
-    errors = {t.params["model.n_layers"]: t.user_attrs["error"] for t in study.trials}
+    errors = {t.params["model.n_layers"]: t.user_attrs[ERROR] for t in study.trials}
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
     assert "ConfigError" in errors[1] and "n_heads=5 does not divide" in errors[1]
     assert "four" in errors["four"]

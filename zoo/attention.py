@@ -5,6 +5,8 @@ D model width. H == KV is multi-head attention, 1 < KV < H grouped-query (Ainsli
 KV == 1 multi-query (Shazeer 2019); each key/value head serves H/KV query heads.
 
 Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswani et al. 2017).
+:class:`SelfAttention` takes Q, K and V from one sequence (one fused ``qkv`` projection);
+:class:`CrossAttention` takes Q from it and K, V from the encoder output (``q`` and a fused ``kv``).
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU). Position
   biases (ALiBi, T5) and masks go in as its ``attn_mask``, so every position type runs on it.
@@ -63,25 +65,33 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_c
 
 
 class Attention(nn.Module):
-    """Self-attention (one fused QKV projection) or cross-attention (q from x, fused KV from memory)."""
+    """What self- and cross-attention share: the head sizes, the kernel and the output projection.
+
+    Each subclass makes its input projections in ``_input_projections`` (called before ``out`` is
+    made, so parameters keep the order of the state_dict and of the seeded init).
+    """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool,
-                 out_bias: bool, dropout: float = 0.0, scale: float | None = None, kernel: str = "sdpa",
-                 cross: bool = False) -> None:
+                 out_bias: bool, dropout: float = 0.0, scale: float | None = None, kernel: str = "sdpa") -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
         self.dropout = dropout
         self.kernel = kernel  # resolved to its function once, here and whenever it is reassigned
-        self.cross = cross
-        q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-        if cross:
-            self.q = nn.Linear(d_model, q_dim, bias=qkv_bias)
-            self.kv = nn.Linear(d_model, 2 * kv_dim, bias=qkv_bias)
-        else:
-            self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=qkv_bias)
-        self.out = nn.Linear(q_dim, d_model, bias=out_bias)
+        self._input_projections(d_model, n_heads * head_dim, n_kv_heads * head_dim, bias=qkv_bias)
+        self.out = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
         self.probe = nn.Identity()
+
+    def _input_projections(self, d_model: int, q_dim: int, kv_dim: int, *, bias: bool) -> None:
+        raise NotImplementedError
+
+    def query_weight(self) -> Tensor:
+        """The rows of the input projection that make the queries, (H * hd, D): a view, for init."""
+        raise NotImplementedError
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The layers that write into the residual stream (init scales them down with depth)."""
+        return [self.out]
 
     @property
     def kernel(self) -> str:
@@ -93,41 +103,70 @@ class Attention(nn.Module):
         self._kernel = name
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, *, cross: bool = False) -> Attention:
-        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dim_head,
+    def from_config(cls, cfg: ModelConfig) -> Attention:
+        return cls(cfg.d_model, cfg.n_heads, cfg.resolved_n_kv_heads, cfg.resolved_head_dim,
                    qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, out_bias=cfg.bias,
                    dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
-                   scale=cfg.attn_scale, kernel=cfg.attention, cross=cross)
+                   scale=cfg.attn_scale, kernel=cfg.attention)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hd)
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None,
-                memory: Tensor | None = None) -> Tensor:
-        """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention. Returns (B, Tq, D)."""
-        B, T, _ = x.shape
-        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        if self.cross:
-            q = self._heads(self.q(x), self.n_heads)
-            if cache is not None and cache.length:  # encoder keys/values were computed at the first step
-                k, v = cache.get()
-            else:
-                assert memory is not None, "cross-attention needs the encoder output (memory)"
-                k, v = (self._heads(t, self.n_kv_heads) for t in self.kv(memory).split(kv_dim, dim=-1))
-                if cache is not None:
-                    cache.set(k, v)
-        else:
-            q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-            q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
-            if inputs.rotary is not None:
-                q, k = apply_rotary(q, *inputs.rotary), apply_rotary(k, *inputs.rotary)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, KV, cache length, hd)
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs) -> Tensor:
+        """q: (B, H, Tq, hd); k, v: (B, KV, Tk, hd). Returns the projected output (B, Tq, D)."""
+        B, _, T, _ = q.shape
         mask = inputs.mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
         y = self._kernel_fn(
             q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, probe=self.probe)  # (B, H, Tq, hd)
-        return self.out(y.transpose(1, 2).reshape(B, T, q_dim))
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class SelfAttention(Attention):
+    """Queries, keys and values from the same sequence, by one fused projection ``qkv`` = [q; k; v]."""
+
+    def _input_projections(self, d_model: int, q_dim: int, kv_dim: int, *, bias: bool) -> None:
+        self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
+
+    def query_weight(self) -> Tensor:
+        return self.qkv.weight[: self.n_heads * self.head_dim]
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None) -> Tensor:
+        """x: (B, T, D); with a cache, its keys and values come first. Returns (B, T, D)."""
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
+        q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        if inputs.rotary is not None:
+            q, k = apply_rotary(q, *inputs.rotary), apply_rotary(k, *inputs.rotary)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, KV, cache length, hd)
+        return self._attend(q, k, v, inputs)
+
+
+class CrossAttention(Attention):
+    """Queries from x, keys and values from the encoder output (``memory``) by a fused ``kv`` = [k; v]."""
+
+    def _input_projections(self, d_model: int, q_dim: int, kv_dim: int, *, bias: bool) -> None:
+        self.q = nn.Linear(d_model, q_dim, bias=bias)
+        self.kv = nn.Linear(d_model, 2 * kv_dim, bias=bias)
+
+    def query_weight(self) -> Tensor:
+        return self.q.weight
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None,
+                memory: Tensor | None = None) -> Tensor:
+        """x: (B, Tq, D); memory: (B, Tk, D), needed unless the cache holds its keys and values.
+        Returns (B, Tq, D)."""
+        q = self._heads(self.q(x), self.n_heads)
+        if cache is not None and cache.length:  # encoder keys/values were computed at the first step
+            k, v = cache.get()
+        else:
+            assert memory is not None, "cross-attention needs the encoder output (memory)"
+            kv_dim = self.n_kv_heads * self.head_dim
+            k, v = (self._heads(t, self.n_kv_heads) for t in self.kv(memory).split(kv_dim, dim=-1))
+            if cache is not None:
+                cache.set(k, v)
+        return self._attend(q, k, v, inputs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from zoo.attention import Attention, AttentionInputs
+from zoo.attention import AttentionInputs, CrossAttention, SelfAttention
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache
 from zoo.norm import build_norm
@@ -24,8 +24,8 @@ from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
 class Block(nn.Module):
     """Self-attention, optional cross-attention, then the FFN; each inside its residual placement."""
 
-    def __init__(self, *, attn: Attention, ffn: nn.Module, attn_res: nn.Module, ffn_res: nn.Module,
-                 cross_attn: Attention | None = None, cross_res: nn.Module | None = None,
+    def __init__(self, *, attn: SelfAttention, ffn: nn.Module, attn_res: nn.Module, ffn_res: nn.Module,
+                 cross_attn: CrossAttention | None = None, cross_res: nn.Module | None = None,
                  dropout: float = 0.0) -> None:
         super().__init__()
         self.attn, self.attn_res = attn, attn_res
@@ -47,9 +47,9 @@ class Block(nn.Module):
 def build_block(cfg: ModelConfig, *, cross: bool) -> Block:
     placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
     return Block(
-        attn=Attention.from_config(cfg),
+        attn=SelfAttention.from_config(cfg),
         attn_res=placement.from_config(cfg),
-        cross_attn=Attention.from_config(cfg, cross=True) if cross else None,
+        cross_attn=CrossAttention.from_config(cfg) if cross else None,
         cross_res=placement.from_config(cfg) if cross else None,
         ffn=FFN.get(cfg.ffn, field="ffn").from_config(cfg),
         ffn_res=placement.from_config(cfg),

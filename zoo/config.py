@@ -9,16 +9,19 @@ import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zoo.registry import ARCH, ATTENTION, FFN, MASK, NORM, NORM_PLACEMENT, POSITION, ConfigError
+
+if TYPE_CHECKING:
+    from zoo.models import ZooModel
 
 
 @dataclass
 class ModelConfig:
     """Everything needed to build a zoo model. Component choices are registry names.
 
-    Sizes left as ``None`` are derived (see the properties below); the config itself is never
+    Fields left as ``None`` are resolved by the ``resolved_*`` properties below; the config is never
     mutated, so it round-trips through ``asdict``/``from_dict`` unchanged.
     """
 
@@ -67,17 +70,17 @@ class ModelConfig:
     eos_token_id: int | None = None
     decoder_start_token_id: int = 0
 
-    # ---- derived sizes -------------------------------------------------------------------------
+    # ---- resolved values: each field that may be None, with None resolved --------------------------
     @property
-    def kv_heads(self) -> int:
+    def resolved_n_kv_heads(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
-    def dim_head(self) -> int:
+    def resolved_head_dim(self) -> int:
         return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
 
     @property
-    def ffn_hidden(self) -> int:
+    def resolved_d_ff(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
         if getattr(FFN.get(self.ffn, field="ffn"), "gated", False):
@@ -86,19 +89,23 @@ class ModelConfig:
         return 4 * self.d_model
 
     @property
-    def encoder_layers(self) -> int:
+    def resolved_n_encoder_layers(self) -> int:
         return self.n_layers if self.n_encoder_layers is None else self.n_encoder_layers
 
     @property
-    def decoder_layers(self) -> int:
+    def resolved_n_decoder_layers(self) -> int:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
 
     @property
-    def self_mask(self) -> str:
+    def resolved_mask(self) -> str:
         """The self-attention mask of the main stack (the encoder's in encoder_decoder)."""
-        if self.mask is not None:
-            return self.mask
-        return "causal" if self.arch == "decoder" else "bidirectional"
+        return self.form.natural_mask if self.mask is None else self.mask
+
+    @property
+    def form(self) -> type[ZooModel]:
+        """The class registered as ``arch`` (zoo.models). It says what differs between the forms:
+        ask it (``cfg.form.cross_attention``, ``cfg.form.decoding``) instead of comparing ``arch``."""
+        return ARCH.get(self.arch, field="arch")
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -121,15 +128,29 @@ class ModelConfig:
 
     # ---- validation ----------------------------------------------------------------------------
     def validate(self) -> ModelConfig:
-        """Raise ConfigError naming the field and the fix for any setting that cannot work."""
-        ARCH.get(self.arch, field="arch")
-        POSITION.get(self.position, field="position")
-        NORM.get(self.norm, field="norm")
-        NORM_PLACEMENT.get(self.norm_placement, field="norm_placement")
-        FFN.get(self.ffn, field="ffn")
-        ATTENTION.get(self.attention, field="attention")
-        MASK.get(self.self_mask, field="mask")
+        """Raise ConfigError naming the field and the fix for any setting that cannot work.
 
+        The rules every model shares are here; each chosen component (its ``check`` classmethod, where
+        it has one) and the form (``form.check``) add their own."""
+        form = self.form
+        components = (POSITION.get(self.position, field="position"), NORM.get(self.norm, field="norm"),
+                      NORM_PLACEMENT.get(self.norm_placement, field="norm_placement"),
+                      FFN.get(self.ffn, field="ffn"), ATTENTION.get(self.attention, field="attention"),
+                      MASK.get(self.resolved_mask, field="mask"))
+        self._check_sizes()
+        for component in components:
+            check = getattr(component, "check", None)  # a user's component need not have one
+            if check is not None:
+                check(self)
+        self._check_values()
+        form.check(self)
+        for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ConfigError(f"{name}={value} must be a token id in [0, vocab_size={self.vocab_size})")
+        return self
+
+    def _check_sizes(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_multiple_of", "rel_buckets",
                      "rel_max_distance", "n_kv_heads", "head_dim", "d_ff", "n_encoder_layers",
                      "n_decoder_layers", "max_seq_len"):
@@ -143,21 +164,13 @@ class ModelConfig:
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}; choose n_heads among "
                 f"{_divisors(self.d_model)} or set head_dim explicitly"
             )
-        if self.n_heads % self.kv_heads:
+        if self.n_heads % self.resolved_n_kv_heads:
             raise ConfigError(
-                f"n_kv_heads={self.kv_heads} does not divide n_heads={self.n_heads}; choose among "
+                f"n_kv_heads={self.resolved_n_kv_heads} does not divide n_heads={self.n_heads}; choose among "
                 f"{_divisors(self.n_heads)}"
             )
-        if self.position == "rope" and self.dim_head % 2:
-            raise ConfigError(f"position='rope' rotates pairs of dimensions: head_dim={self.dim_head} must be even")
-        if self.position == "learned" and self.max_seq_len is None:
-            raise ConfigError("position='learned' needs max_seq_len (the size of the position table)")
-        if self.position == "t5_relative" and (self.rel_buckets % 2 or self.rel_buckets < 4):
-            raise ConfigError(f"rel_buckets={self.rel_buckets} must be even and >= 4")
-        if self.position == "t5_relative" and self.rel_max_distance <= self.rel_buckets // 2:
-            raise ConfigError(
-                f"rel_max_distance={self.rel_max_distance} must exceed rel_buckets/2={self.rel_buckets // 2}"
-            )
+
+    def _check_values(self) -> None:
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
@@ -172,30 +185,6 @@ class ModelConfig:
             raise ConfigError(f"rope_scaling={self.rope_scaling!r} must be 'none', 'linear' or 'ntk'")
         if self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
             raise ConfigError(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (the context extension)")
-
-        if self.arch == "decoder" and self.self_mask == "bidirectional":
-            raise ConfigError(
-                "mask='bidirectional' lets a decoder see the tokens it must predict; use mask='causal' or "
-                "'prefix', or arch='encoder' for a bidirectional model"
-            )
-        if self.arch == "encoder_decoder" and self.self_mask == "causal":
-            raise ConfigError(
-                "an encoder_decoder's encoder cannot be causal (mask sets the encoder's mask; the decoder "
-                "is always causal): use mask='bidirectional' or 'prefix', or arch='decoder'"
-            )
-        if self.arch != "encoder":
-            for name in ("pooler", "mlm_head"):
-                if getattr(self, name):
-                    raise ConfigError(f"{name}=True is an encoder head; set arch='encoder' or {name}=False")
-            if self.type_vocab_size:
-                raise ConfigError("type_vocab_size (segment embeddings) is for arch='encoder'; set it to 0")
-        if self.arch != "encoder_decoder" and (self.n_encoder_layers is not None or self.n_decoder_layers is not None):
-            raise ConfigError("n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'; use n_layers")
-        for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ConfigError(f"{name}={value} must be a token id in [0, vocab_size={self.vocab_size})")
-        return self
 
 
 def _divisors(n: int) -> list[int]:

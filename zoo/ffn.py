@@ -22,7 +22,7 @@ Activation = Callable[[Tensor], Tensor]
 
 
 class MLP(nn.Module):
-    gated: ClassVar[bool] = False
+    gated: ClassVar[bool] = False  # a GLU: its default width is 2/3 of the plain MLP's (resolved_d_ff)
 
     def __init__(self, d_model: int, d_ff: int, *, act: Activation, bias: bool) -> None:
         super().__init__()
@@ -33,8 +33,16 @@ class MLP(nn.Module):
     activation: ClassVar[Callable[[ModelConfig], Activation]]  # set by each registered subclass
 
     @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this FFN cannot work with (ModelConfig.validate calls it)."""
+
+    @classmethod
     def from_config(cls, cfg: ModelConfig) -> MLP:
-        return cls(cfg.d_model, cfg.ffn_hidden, act=cls.activation(cfg), bias=cfg.bias)
+        return cls(cfg.d_model, cfg.resolved_d_ff, act=cls.activation(cfg), bias=cfg.bias)
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The layers that write into the residual stream (init scales them down with depth)."""
+        return [self.proj]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.act(self.fc(x)))

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zoo.position import position_limit
-from zoo.registry import ConfigError
+from zoo.registry import ARCH, ConfigError
 
 if TYPE_CHECKING:
-    from zoo.kv_cache import Cache
+    from zoo.decoding import Steps
 
 Prompts = Tensor | Sequence[Sequence[int]] | Sequence[Tensor]
 
@@ -55,80 +55,6 @@ def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.devic
         span = slice(T - len(r), T) if left else slice(0, len(r))
         ids[i, span], mask[i, span] = r, 1
     return ids.to(device), mask.to(device)
-
-
-class _DecoderSteps:
-    """Next-token logits for a decoder-only model, one step at a time.
-
-    An unpadded batch passes neither mask nor positions, so the stack takes its fast paths (no mask
-    tensor, positions from the cache length); only the last position goes through the LM head.
-    """
-
-    def __init__(self, model, ids: Tensor, mask: Tensor, use_cache: bool, max_new: int) -> None:
-        self.model, self.use_cache = model, use_cache
-        self.ids, self.mask = ids, mask
-        self.padded = not bool(mask.all())
-        self.prefix_len = ids.shape[1] if model.config.self_mask == "prefix" else None
-        self.cache: Cache | None = model.new_cache(ids.shape[1] + max_new) if use_cache else None
-
-    def _logits(self, ids: Tensor, positions: Tensor | None) -> Tensor:
-        hidden = self.model.features(ids, self.mask if self.padded else None, position_ids=positions,
-                                     prefix_len=self.prefix_len, cache=self.cache)  # (B, T, D)
-        return self.model.logits(hidden[:, -1])  # (B, V)
-
-    def first(self) -> Tensor:
-        positions = (self.mask.cumsum(-1) - 1).clamp(min=0) if self.padded else None  # (B, T) over real tokens
-        return self._logits(self.ids, positions)
-
-    def next(self, token: Tensor) -> Tensor:
-        self.ids = torch.cat([self.ids, token[:, None]], dim=1)
-        if self.padded:
-            self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), 1)], dim=1)
-        if not self.use_cache:
-            return self.first()
-        positions = self.mask.sum(-1, keepdim=True) - 1 if self.padded else None  # (B, 1)
-        return self._logits(token[:, None], positions)
-
-    def reorder(self, index: Tensor) -> None:
-        self.ids, self.mask = self.ids[index], self.mask[index]
-        if self.cache is not None:
-            self.cache.reorder(index)
-
-    def output(self) -> Tensor:
-        return self.ids
-
-
-class _EncoderDecoderSteps:
-    """Next-token logits for an encoder-decoder: encode once, then decode step by step."""
-
-    def __init__(self, model, src: Tensor, src_mask: Tensor, use_cache: bool, max_new: int) -> None:
-        self.model, self.use_cache = model, use_cache
-        self.src_mask = None if bool(src_mask.all()) else src_mask  # None: no padding to mask at any step
-        self.memory = model.encode(src, self.src_mask)  # (B, S, D)
-        start = model.config.decoder_start_token_id
-        self.ids = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
-        self.cache: Cache | None = model.new_cache(max_new + 1) if use_cache else None
-
-    def _logits(self, ids: Tensor) -> Tensor:
-        hidden = self.model.decoder_features(ids, self.memory, self.src_mask, cache=self.cache)  # (B, T, D)
-        return self.model.logits(hidden[:, -1])  # (B, V)
-
-    def first(self) -> Tensor:
-        return self._logits(self.ids)
-
-    def next(self, token: Tensor) -> Tensor:
-        self.ids = torch.cat([self.ids, token[:, None]], dim=1)
-        return self._logits(token[:, None] if self.use_cache else self.ids)
-
-    def reorder(self, index: Tensor) -> None:
-        self.ids, self.memory = self.ids[index], self.memory[index]
-        if self.src_mask is not None:
-            self.src_mask = self.src_mask[index]
-        if self.cache is not None:
-            self.cache.reorder(index)
-
-    def output(self) -> Tensor:
-        return self.ids
 
 
 def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
@@ -205,25 +131,23 @@ class GenerationMixin:
             whose keys and values cannot fit in the device's free memory a ConfigError.
         """
         cfg = self.config
-        if cfg.arch == "encoder":
-            raise TypeError("an encoder does not generate; use arch='decoder' or 'encoder_decoder'")
+        steps_cls = self._steps_class()
         _check_counts(max_new_tokens, num_beams)
         check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         do_sample = do_sample and temperature > 0
         eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
         pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
         device = self.embed.weight.device
-        ids, mask = pad_sequences(input_ids, pad, left=cfg.arch == "decoder", device=device)
+        ids, mask = pad_sequences(input_ids, pad, left=steps_cls.left_pad, device=device)
         if attention_mask is not None:
             mask = attention_mask.to(device)
         _check_prompts(mask)
-        start = ids.shape[1] if cfg.arch == "decoder" else 1  # tokens the output holds before the new ones
-        new = self._room(ids.shape[1], start, max_new_tokens)
+        start = steps_cls.held(ids.shape[1])  # tokens the output holds before the new ones
+        new = self._room(ids.shape[1], start, max_new_tokens, steps_cls.prompt)
         self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
         was_training = self.training
         self.eval()
         try:
-            steps_cls = _DecoderSteps if cfg.arch == "decoder" else _EncoderDecoderSteps
             if num_beams > 1:
                 index = torch.arange(ids.shape[0], device=device).repeat_interleave(num_beams)
                 steps = steps_cls(self, ids[index], mask[index], use_cache, new)
@@ -235,20 +159,26 @@ class GenerationMixin:
         finally:
             self.train(was_training)
         if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
-            held = f"the prompt took {start}" if cfg.arch == "decoder" else "the start token took 1"
             warnings.warn(f"generation stopped after {new} of max_new_tokens={max_new_tokens} new tokens: the model "
-                          f"numbers at most {self.max_positions} positions (max_seq_len) and {held}",
-                          GenerationLimitWarning, stacklevel=3)
+                          f"numbers at most {self.max_positions} positions (max_seq_len) and {steps_cls.holds} took "
+                          f"{start}", GenerationLimitWarning, stacklevel=3)
         return out
 
-    def _room(self, width: int, start: int, max_new: int) -> int:
+    def _steps_class(self) -> type[Steps]:
+        """How this form decodes (its ``decoding``, zoo.decoding); a TypeError for a form that cannot."""
+        steps_cls = type(self).decoding
+        if steps_cls is None:
+            able = " or ".join(repr(name) for name in ARCH.names() if ARCH.get(name).decoding is not None)
+            raise TypeError(f"an {self.config.arch} does not generate; use arch={able}")
+        return steps_cls
+
+    def _room(self, width: int, start: int, max_new: int, what: str) -> int:
         """How many of ``max_new`` tokens the positions leave room for; a PromptError when even the
-        prompt (decoder) or the source (encoder-decoder) is longer than they can number."""
+        input (``what``: the decoder's prompt, the encoder-decoder's source) is longer than they can number."""
         limit = self.max_positions
         if limit is None:
             return max_new
         if width > limit:
-            what = "prompt" if self.config.arch == "decoder" else "source"
             raise PromptError(f"the {what} is {width} tokens long but the model's positions end at {limit} "
                               f"(max_seq_len={limit}); shorten it")
         return min(max_new, limit - start)
@@ -261,7 +191,8 @@ class GenerationMixin:
             return
         cfg = self.config
         layers = len(self.stacks()[-1].blocks)
-        per_position = rows * (2 * layers * cfg.kv_heads * cfg.dim_head * self.embed.weight.element_size() + 8)
+        per_position = rows * (2 * layers * cfg.resolved_n_kv_heads * cfg.resolved_head_dim
+                               * self.embed.weight.element_size() + 8)
         if (start + new) * per_position <= free:
             return
         fits = max(0, free // per_position - start)
@@ -313,7 +244,7 @@ def _available_ram() -> int | None:
         return None
 
 
-def _sample(steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, temperature: float,
+def _sample(steps: Steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, temperature: float,
             top_k: int | None, top_p: float | None, generator: torch.Generator | None) -> Tensor:
     if max_new == 0:
         return steps.output()
@@ -335,7 +266,7 @@ def _sample(steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, 
     return steps.output()
 
 
-def _beam_search(steps, batch: int, K: int, max_new: int, eos: int | None, pad: int,
+def _beam_search(steps: Steps, batch: int, K: int, max_new: int, eos: int | None, pad: int,
                  length_penalty: float) -> Tensor:
     """Keep the K best prefixes per source by total log-probability; a prefix ending in eos becomes
     a finished hypothesis scored by logprob / length**length_penalty. A source is done when it has K
@@ -391,13 +322,17 @@ def _beam_search(steps, batch: int, K: int, max_new: int, eos: int | None, pad: 
                 if scores[b, k] > float("-inf"):
                     hyp = steps.ids[b * K + k, prompt_len:]
                     _add_hypothesis(finished[b], K, scores[b, k].item() / len(hyp) ** length_penalty, hyp)
-    prompts = steps.output()[::K, :prompt_len]
+    return _join_best(steps.output()[::K, :prompt_len], finished, pad)
+
+
+def _join_best(prompts: Tensor, finished: list[list[tuple[float, Tensor]]], pad: int) -> Tensor:
+    """Each prompt (B, T) followed by its best hypothesis, right-padded with ``pad``: (B, T + longest)."""
     best = [hyps[0][1] for hyps in finished]
-    width = max(len(h) for h in best)
-    out = torch.full((batch, prompt_len + width), pad, dtype=torch.long, device=device)
-    out[:, :prompt_len] = prompts
+    B, T = prompts.shape
+    out = torch.full((B, T + max(len(h) for h in best)), pad, dtype=torch.long, device=prompts.device)
+    out[:, :T] = prompts
     for b, hyp in enumerate(best):
-        out[b, prompt_len : prompt_len + len(hyp)] = hyp
+        out[b, T : T + len(hyp)] = hyp
     return out
 
 

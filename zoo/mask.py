@@ -13,12 +13,21 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from zoo.config import ModelConfig
 from zoo.registry import MASK
 
 
 class Mask:
-    causal: ClassVar[bool] = False  # keys after the query are hidden (for some queries at least)
+    """Class flags say what the mask is; forms and the stack ask them instead of comparing names."""
+
+    causal: ClassVar[bool] = False  # no query sees a key after it (relative position buckets look one way)
     kernel_causal: ClassVar[bool] = False  # exactly the lower triangle: kernels' is_causal can do it
+    bidirectional: ClassVar[bool] = False  # every query sees every key: nothing is left to predict
+    needs_prefix_len: ClassVar[bool] = False  # forward (and generation) must pass prefix_len
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this mask cannot work with (ModelConfig.validate calls it)."""
 
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor | None:
         """A boolean (Tq, Tk) or (B, 1, Tq, Tk) tensor, True where attention is allowed; None: all."""
@@ -27,7 +36,7 @@ class Mask:
 
 @MASK.register("bidirectional")
 class Bidirectional(Mask):
-    pass
+    bidirectional = True
 
 
 @MASK.register("causal")
@@ -43,6 +52,7 @@ class Causal(Mask):
 class Prefix(Mask):
     # the prefix sees its own future, so relative position buckets must be bidirectional
     causal = False
+    needs_prefix_len = True
 
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
         if prefix_len is None:

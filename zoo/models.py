@@ -1,5 +1,11 @@
 """The three architecture forms (``arch``), each a thin wrapper around the shared :class:`Stack`.
 
+Each form's class also says what differs between the forms, as class attributes and classmethods
+that code elsewhere asks (through ``cfg.form`` or ``type(model)``) instead of comparing ``arch``:
+its natural self-attention mask, whether it has cross-attention, how it generates (``decoding``),
+its inputs (``input_names``, ``example_inputs``), its attention maps, its head and cached layers
+(for ``zoo.stats``) and the config rules of its own (``check``).
+
 - ``encoder`` (BERT): token (+ segment) embeddings -> bidirectional stack -> hidden states;
   optional pooler and masked-LM head.
 - ``decoder`` (GPT): token embeddings -> causal stack -> LM head (tied to the embeddings or not).
@@ -10,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -18,14 +25,53 @@ from torch import Tensor, nn
 from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
+from zoo.decoding import DecoderSteps, EncoderDecoderSteps, Steps
 from zoo.generation import GenerationMixin
 from zoo.kv_cache import Cache
 from zoo.norm import build_norm
-from zoo.registry import ARCH, ConfigError
+from zoo.registry import ARCH, MASK, ConfigError
 
 
 class ZooModel(GenerationMixin, nn.Module):
-    """Shared pieces: the token embedding, weight init, caches and generation."""
+    """Shared pieces: the token embedding, weight init, caches and generation; and the defaults of
+    what a form declares about itself (each registered form sets its own)."""
+
+    natural_mask: ClassVar[str] = "bidirectional"  # the main stack's self-attention mask when cfg.mask is None
+    cross_attention: ClassVar[bool] = False  # reads a source and a target: decoder blocks attend over the encoder
+    decoding: ClassVar[type[Steps] | None] = None  # how generate() decodes (zoo.decoding); None: it cannot
+    input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")  # forward's inputs, by keyword
+    attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for a setting this form cannot use (ModelConfig.validate calls it)."""
+
+    @classmethod
+    def has_vocab_head(cls, cfg: ModelConfig) -> bool:
+        """Whether the output is multiplied by a (d_model, vocab) matrix: logits over the vocabulary."""
+        return True
+
+    @classmethod
+    def attention_layers(cls, cfg: ModelConfig) -> int:
+        """Attention layers per forward pass (self and cross), for counting FLOPs."""
+        return cfg.n_layers
+
+    @classmethod
+    def cached_layers(cls, cfg: ModelConfig) -> int:
+        """Attention layers whose keys and values a KV cache holds while generating."""
+        return 0
+
+    @classmethod
+    def example_inputs(cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16,
+                       generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """Inputs to trace or test a model of ``cfg`` with, by ``input_names``: random token ids
+        (>= 5, clear of the special tokens) and an attention mask that pads the second half of the
+        first row. ``generator`` defaults to one seeded with 0."""
+        generator = torch.Generator().manual_seed(0) if generator is None else generator
+        inputs = {"input_ids": torch.randint(5, cfg.vocab_size, (batch, length), generator=generator),
+                  "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+        inputs["attention_mask"][0, length // 2 :] = 0  # exercise padding
+        return inputs
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -52,19 +98,15 @@ class ZooModel(GenerationMixin, nn.Module):
         n_layers = sum(len(s.blocks) for s in self.stacks())
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
-            q = attn.q.weight if attn.cross else attn.qkv.weight[: attn.n_heads * attn.head_dim]
-            q.mul_(attn.head_dim**-0.5 / attn.scale)
-        for stack in self.stacks():
-            for block in stack.blocks:
-                for branch, name in ((block.attn, "out"), (block.cross_attn, "out"), (block.ffn, "proj")):
-                    proj = getattr(branch, name, None)  # a user's component may have no such layer
-                    if isinstance(proj, nn.Linear):
-                        nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
+            attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
+        for module in self.modules():  # a component marks its residual outputs; a user's may have none
+            for proj in module.residual_projections() if hasattr(module, "residual_projections") else ():
+                nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
 
     def new_cache(self, capacity: int = 256) -> Cache:
         """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode."""
         decoder = self.stacks()[-1]
-        return Cache(len(decoder.blocks), cross=self.config.arch == "encoder_decoder", capacity=capacity)
+        return Cache(len(decoder.blocks), cross=self.cross_attention, capacity=capacity)
 
     def embed_tokens(self, input_ids: Tensor) -> Tensor:
         """(B, T) token ids -> (B, T, D) embeddings, times ``embed_scale``. With sinusoidal
@@ -86,10 +128,22 @@ class ZooModel(GenerationMixin, nn.Module):
 
 @ARCH.register("encoder")
 class EncoderModel(ZooModel):
+    """BERT: hidden states of a bidirectional stack; it does not generate."""
+
+    attention_kinds = ("encoder self",)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        _refuse_split_depth(cfg)
+
+    @classmethod
+    def has_vocab_head(cls, cfg: ModelConfig) -> bool:
+        return cfg.mlm_head
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        self.encoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.self_mask)
+        self.encoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask)
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
         self.mlm_head = MLMHead(cfg) if cfg.mlm_head else None
 
@@ -131,9 +185,29 @@ class MLMHead(nn.Module):
 
 @ARCH.register("decoder")
 class DecoderModel(ZooModel):
+    """GPT: next-token logits of a causal stack; generates by continuing a left-padded prompt."""
+
+    natural_mask = "causal"
+    decoding = DecoderSteps
+    attention_kinds = ("decoder self",)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if MASK.get(cfg.resolved_mask, field="mask").bidirectional:
+            raise ConfigError(
+                f"mask={cfg.resolved_mask!r} lets a decoder see the tokens it must predict; use mask='causal' or "
+                "'prefix', or arch='encoder' for a bidirectional model"
+            )
+        _refuse_encoder_heads(cfg)
+        _refuse_split_depth(cfg)
+
+    @classmethod
+    def cached_layers(cls, cfg: ModelConfig) -> int:
+        return cfg.n_layers
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.decoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.self_mask)
+        self.decoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask)
         self.lm_head = None if cfg.tie_embeddings else self._lm_head()
 
     def features(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
@@ -153,10 +227,46 @@ class DecoderModel(ZooModel):
 
 @ARCH.register("encoder_decoder")
 class EncoderDecoderModel(ZooModel):
+    """T5: a source through a bidirectional encoder, a target through a causal decoder with
+    cross-attention; generates a target from ``decoder_start_token_id``."""
+
+    cross_attention = True
+    decoding = EncoderDecoderSteps
+    input_names = ("input_ids", "attention_mask", "decoder_input_ids")
+    attention_kinds = ("encoder self", "decoder self", "cross")
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if MASK.get(cfg.resolved_mask, field="mask").causal:
+            raise ConfigError(
+                "an encoder_decoder's encoder cannot be causal (mask sets the encoder's mask; the decoder "
+                "is always causal): use mask='bidirectional' or 'prefix', or arch='decoder'"
+            )
+        _refuse_encoder_heads(cfg)
+
+    @classmethod
+    def attention_layers(cls, cfg: ModelConfig) -> int:
+        return cfg.resolved_n_encoder_layers + 2 * cfg.resolved_n_decoder_layers
+
+    @classmethod
+    def cached_layers(cls, cfg: ModelConfig) -> int:
+        return 2 * cfg.resolved_n_decoder_layers
+
+    @classmethod
+    def example_inputs(cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16,
+                       generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """As for the other forms, plus a target (``decoder_input_ids``) 3 tokens shorter than the
+        source (at least 1), so that the two lengths are separate axes."""
+        generator = torch.Generator().manual_seed(0) if generator is None else generator
+        inputs = super().example_inputs(cfg, batch=batch, length=length, generator=generator)
+        target = max(1, length - 3)
+        inputs["decoder_input_ids"] = torch.randint(5, cfg.vocab_size, (batch, target), generator=generator)
+        return inputs
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.encoder = Stack(cfg, n_layers=cfg.encoder_layers, mask=cfg.self_mask)
-        self.decoder = Stack(cfg, n_layers=cfg.decoder_layers, mask="causal", cross=True)
+        self.encoder = Stack(cfg, n_layers=cfg.resolved_n_encoder_layers, mask=cfg.resolved_mask)
+        self.decoder = Stack(cfg, n_layers=cfg.resolved_n_decoder_layers, mask="causal", cross=True)
         self.lm_head = None if cfg.tie_embeddings else self._lm_head()
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
@@ -183,6 +293,19 @@ class EncoderDecoderModel(ZooModel):
         return self.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask=decoder_attention_mask)
 
 
+def _refuse_encoder_heads(cfg: ModelConfig) -> None:
+    for name in ("pooler", "mlm_head"):
+        if getattr(cfg, name):
+            raise ConfigError(f"{name}=True is an encoder head; set arch='encoder' or {name}=False")
+    if cfg.type_vocab_size:
+        raise ConfigError("type_vocab_size (segment embeddings) is for arch='encoder'; set it to 0")
+
+
+def _refuse_split_depth(cfg: ModelConfig) -> None:
+    if cfg.n_encoder_layers is not None or cfg.n_decoder_layers is not None:
+        raise ConfigError("n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'; use n_layers")
+
+
 def build_model(cfg: ModelConfig, *, seed: int | None = None) -> ZooModel:
     """Validate ``cfg`` and build its model on the current default device, initialised.
 
@@ -191,7 +314,7 @@ def build_model(cfg: ModelConfig, *, seed: int | None = None) -> ZooModel:
     nothing is initialised: meta tensors hold no values.
     """
     cfg.validate()
-    cls = ARCH.get(cfg.arch, field="arch")
+    cls = cfg.form
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)

@@ -63,6 +63,10 @@ class Placement(nn.Module):
     final_norm: ClassVar[bool] = False  # normalise the output of the last block
 
     @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this placement cannot work with (ModelConfig.validate calls it)."""
+
+    @classmethod
     def from_config(cls, cfg: ModelConfig) -> Placement:
         return cls(build_norm(cfg))
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.registry import POSITION
+from zoo.registry import POSITION, ConfigError
 
 
 class Position(nn.Module):
@@ -29,6 +29,10 @@ class Position(nn.Module):
     def has_bias(self) -> bool:
         """Whether ``bias`` is overridden (the stack then builds a float mask for every forward)."""
         return type(self).bias is not Position.bias
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this encoding cannot work with (ModelConfig.validate calls it)."""
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Position:
@@ -84,8 +88,13 @@ class Learned(Position):
         self.table = nn.Embedding(max_len, dim)
 
     @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.max_seq_len is None:
+            raise ConfigError(f"position={cfg.position!r} needs max_seq_len (the size of the position table)")
+
+    @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> Learned:
-        assert cfg.max_seq_len is not None  # ModelConfig.validate guarantees it
+        assert cfg.max_seq_len is not None  # check (called by ModelConfig.validate) guarantees it
         return cls(cfg.max_seq_len, cfg.d_model)
 
     @classmethod
@@ -114,8 +123,14 @@ class RoPE(Position):
         self.position_scale = 1.0 / factor if scaling == "linear" else 1.0
 
     @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.resolved_head_dim % 2:
+            raise ConfigError(f"position={cfg.position!r} rotates pairs of dimensions: "
+                              f"head_dim={cfg.resolved_head_dim} must be even")
+
+    @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> RoPE:
-        return cls(cfg.dim_head, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor)
+        return cls(cfg.resolved_head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor)
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:
         i = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
@@ -197,6 +212,15 @@ class T5Relative(Position):
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.table = nn.Embedding(num_buckets, n_heads)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.rel_buckets % 2 or cfg.rel_buckets < 4:
+            raise ConfigError(f"rel_buckets={cfg.rel_buckets} must be even and >= 4")
+        if cfg.rel_max_distance <= cfg.rel_buckets // 2:
+            raise ConfigError(
+                f"rel_max_distance={cfg.rel_max_distance} must exceed rel_buckets/2={cfg.rel_buckets // 2}"
+            )
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> T5Relative:

@@ -50,6 +50,13 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return what it named (a test's or a session's own component);
+        an unknown name is a ConfigError listing the valid ones."""
+        obj = self.get(name)
+        del self._items[name]
+        return obj
+
     def get(self, name: str, *, field: str | None = None) -> T:
         _load_plugins()
         if name in self._items:

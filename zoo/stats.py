@@ -56,15 +56,14 @@ def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, ba
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     embedding -= _relative_tables(model)
     non_embedding = params - embedding
-    has_head = cfg.arch != "encoder" or cfg.mlm_head
-    head = cfg.vocab_size * cfg.d_model if has_head and cfg.tie_embeddings else 0  # tied: a matmul, no new weight
-    d_attn = cfg.n_heads * cfg.dim_head
-    attention_layers = {"encoder": cfg.n_layers, "decoder": cfg.n_layers,
-                        "encoder_decoder": cfg.encoder_layers + 2 * cfg.decoder_layers}[cfg.arch]
-    forward = 2 * (non_embedding + head) + 4 * attention_layers * seq_len * d_attn
-    cached_layers = {"encoder": 0, "decoder": cfg.n_layers, "encoder_decoder": 2 * cfg.decoder_layers}[cfg.arch]
+    form = cfg.form  # what differs between the forms: its head, its attention and cached layers
+    tied_head = form.has_vocab_head(cfg) and cfg.tie_embeddings
+    head = cfg.vocab_size * cfg.d_model if tied_head else 0  # tied: a matmul, no new weight
+    d_attn = cfg.n_heads * cfg.resolved_head_dim
+    forward = 2 * (non_embedding + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn
     bytes_per_value = torch.empty((), dtype=dtype).element_size()
-    kv = 2 * cached_layers * cfg.kv_heads * cfg.dim_head * seq_len * bytes_per_value * batch_size
+    kv = (2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * cfg.resolved_head_dim * seq_len * bytes_per_value
+          * batch_size)
     return ModelStats(name=name, params=params, embedding_params=embedding, non_embedding_params=non_embedding,
                       flops_per_token_forward=forward, flops_per_token_train=3 * forward, kv_cache_bytes=kv,
                       seq_len=seq_len, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."))

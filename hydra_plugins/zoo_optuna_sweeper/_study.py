@@ -27,7 +27,17 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from hydra_plugins.zoo_optuna_sweeper.sweeper import STORAGE_ENV, STUDY_ENV, TRIAL_ENV
+from hydra_plugins.zoo_optuna_sweeper._names import (
+    ERROR,
+    INTERRUPTED,
+    JOB_DIR,
+    OWNER,
+    PRUNER,
+    RETRY_OF,
+    STORAGE_ENV,
+    STUDY_ENV,
+    TRIAL_ENV,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +45,6 @@ SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successive_halving": "SuccessiveHalvingPruner",
            "hyperband": "HyperbandPruner", "threshold": "ThresholdPruner", "none": "NopPruner"}
 DIRECTIONS = {"minimize": "minimize", "min": "minimize", "maximize": "maximize", "max": "maximize"}
-INTERRUPTED = "zoo_interrupted"  # study attribute: numbers of trials a killed sweep left behind (not counted)
-OWNER = "zoo_sweeper"  # trial attribute: "host:pid" of the sweep process that asked for it
-PRUNER = "zoo_pruner"  # study attribute: the pruner, so that jobs build the same one
 
 
 @dataclass
@@ -285,7 +292,7 @@ class OptunaSweep:
         study.set_user_attr(INTERRUPTED, sorted({*study.user_attrs.get(INTERRUPTED, []), *numbers}))
         for number in numbers:
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-            study.enqueue_trial(trials[number].params, user_attrs={"zoo_retry_of": number})
+            study.enqueue_trial(trials[number].params, user_attrs={RETRY_OF: number})
 
     def launch(self, study: optuna.Study, space: SearchSpace, batch: list[optuna.trial.Trial]) -> list[JobReturn]:
         """Launch the batch's trials and tell Optuna how each ended."""
@@ -342,7 +349,7 @@ def end_if_all_failed(study: optuna.Study) -> None:
     trials = study.get_trials(deepcopy=False)
     if not trials or any(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials):
         return
-    first = next((t.user_attrs["error"] for t in trials if t.user_attrs.get("error")), "no error recorded")
+    first = next((t.user_attrs[ERROR] for t in trials if t.user_attrs.get(ERROR)), "no error recorded")
     print(f"zoo: SweepError: all {len(trials)} trials of study {study.study_name} failed; the first: {first}",
           file=sys.stderr)
     sys.exit(1)
@@ -350,7 +357,7 @@ def end_if_all_failed(study: optuna.Study) -> None:
 
 def tell(study: optuna.Study, trial: optuna.trial.Trial, job: JobReturn) -> None:
     if job.hydra_cfg is not None:
-        trial.set_user_attr("job_dir", str(job.hydra_cfg.hydra.runtime.output_dir))
+        trial.set_user_attr(JOB_DIR, str(job.hydra_cfg.hydra.runtime.output_dir))
     try:
         value = job.return_value
     except optuna.TrialPruned as pruned:
@@ -368,7 +375,7 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, job: JobReturn) -> None
 
 def fail(study: optuna.Study, trial: optuna.trial.Trial, error: BaseException) -> None:
     log.warning(f"Trial {trial.number} failed: {type(error).__name__}: {error}")
-    trial.set_user_attr("error", f"{type(error).__name__}: {error}"[:1000])
+    trial.set_user_attr(ERROR, f"{type(error).__name__}: {error}"[:1000])
     study.tell(trial, state=TrialState.FAIL)
 
 

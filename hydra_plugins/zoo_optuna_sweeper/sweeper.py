@@ -22,12 +22,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.zoo_optuna_sweeper._names import STORAGE_ENV, STUDY_ENV, TRIAL_ENV
+
 if TYPE_CHECKING:
     import optuna
-
-# How a job learns that it is an Optuna trial (set per job through ``hydra.job.env_set``, so it
-# reaches jobs of any launcher, and the DDP processes Lightning starts from a job, unchanged).
-STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "ZOO_OPTUNA_STORAGE", "ZOO_OPTUNA_STUDY", "ZOO_OPTUNA_TRIAL"
 
 
 @dataclass

@@ -34,16 +34,13 @@ from tasks.cli.common import (
     conf_dir,
     quiet_libraries,
     read_checkpoint,
-    register_model_schema,
+    register_configs,
     run_info,
     user_errors,
 )
 from tasks.cli.resuming import resumed_config
 from tasks.data.tokenizers import read_tokenizer
 from tasks.loggers import CSVLogger
-
-register_model_schema()
-optuna_sweeper.register()  # hydra/sweeper=zoo_optuna, also from an editable install
 
 
 def train(cfg: DictConfig) -> float | None:
@@ -70,7 +67,7 @@ def train(cfg: DictConfig) -> float | None:
     task.run_info = run_info(cfg, task_name=next(k for k, v in TASKS.items() if type(task) is v))
     if start:
         task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
-    if cfg.model.get("compile"):
+    if cfg.compile:
         task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
@@ -188,7 +185,7 @@ def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg:
     if best_score:
         table.add_row("best " + best_score[0], f"{best_score[1]:.4f}")
     table.add_row("model", f"{model_cfg.arch}: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
-                           f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} KV), {params:,} parameters, "
+                           f"{model_cfg.n_heads} heads ({model_cfg.resolved_n_kv_heads} KV), {params:,} parameters, "
                            f"{model_cfg.position} positions, {model_cfg.norm_placement}-{model_cfg.norm}, "
                            f"{model_cfg.ffn} FFN")
     for name in sorted(metrics):
@@ -219,8 +216,14 @@ def one_job_of_a_sweep() -> Iterator[None]:
                 os.environ[key] = value
 
 
+def main() -> float | None:
+    """zoo-train: register what its config needs (not on import), then let Hydra compose and run."""
+    register_configs()
+    return run()
+
+
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def run(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs
     quiet_libraries()
     with one_job_of_a_sweep():

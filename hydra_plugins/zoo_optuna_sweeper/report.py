@@ -7,10 +7,13 @@ exists; the report never creates one). Writes ``sweep_report.md`` and
 ``sweep_<param>.png`` into the directory and prints the table::
 
     zoo-sweep-report outputs/gpt_generator/multiruns/2026-11-29_14-00-00
+
+(also ``python -m hydra_plugins.zoo_optuna_sweeper.report``). It lives with the sweeper, whose trial
+attributes it reads by the names in ``_names``.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Hydra's plugin scan runs this module (its name has no
+# leading underscore) before it is in sys.modules, where dataclasses cannot resolve string annotations.
 import argparse
 import csv
 import math
@@ -23,6 +26,8 @@ from typing import Any
 from urllib.parse import quote
 
 from omegaconf import OmegaConf
+
+from hydra_plugins.zoo_optuna_sweeper._names import ERROR, JOB_DIR, RETRY_OF
 
 REPORT = "sweep_report.md"
 
@@ -128,16 +133,15 @@ def read_optuna(path: Path, results: Any) -> Sweep:
     jobs = job_dirs(path)
     metric = results.get("metric") or (monitor_of(jobs[0])[0] if jobs else "value")
     trials, log_params, categorical = [], set(), set()
-    retries = {t.user_attrs["zoo_retry_of"]: t.number for t in study.get_trials(deepcopy=False)
-               if "zoo_retry_of" in t.user_attrs}
+    retries = {t.user_attrs[RETRY_OF]: t.number for t in study.get_trials(deepcopy=False) if RETRY_OF in t.user_attrs}
     for t in study.get_trials(deepcopy=False):
-        job = Path(t.user_attrs["job_dir"]) if "job_dir" in t.user_attrs else None
+        job = Path(t.user_attrs[JOB_DIR]) if JOB_DIR in t.user_attrs else None
         values = logged(job, metric)[0] if job is not None and job.is_dir() else []
         trials.append(Trial(t.number, dict(t.params), t.value if t.value is not None else
                             (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None),
                             t.state.name, best_of(values, mode), job,
                             f"interrupted, retried as trial {retries[t.number]}" if t.number in retries
-                            else t.user_attrs.get("error", "")[:80]))
+                            else t.user_attrs.get(ERROR, "")[:80]))
         log_params |= {n for n, d in t.distributions.items()
                        if isinstance(d, (FloatDistribution, IntDistribution)) and d.log}
         categorical |= {n for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}

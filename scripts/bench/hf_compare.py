@@ -7,9 +7,11 @@ zoo, ...) so that drift on a shared machine hits both. Reported: median tokens/s
 trains: zoo's mlm task runs BERT's MLM head on the masked positions only, HF's
 ``BertForMaskedLM`` on every position.
 
-    zoo-bench                      # everything (about 15 minutes on 2 CPU cores)
-    zoo-bench --only train --families gpt2 llama --rounds 3
-    zoo-bench --json bench.json
+    python scripts/bench/hf_compare.py          # everything (about 15 minutes on 2 CPU cores)
+    python scripts/bench/hf_compare.py --only train --families gpt2 llama --rounds 3
+    python scripts/bench/hf_compare.py --json bench.json
+
+The GPU run of scripts/gpu_check.sh is scripts/bench/device.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +39,7 @@ from rich.table import Table
 import zoo
 
 FAMILIES = ("gpt2", "llama", "bert", "t5")
+HERE = Path(__file__).resolve().parent  # the memory probe's fresh process imports this file from here
 
 
 @dataclass
@@ -205,7 +209,7 @@ def bench_first_step(args: argparse.Namespace) -> dict[str, float]:
 
 def peak_memory(family: str, precision: str, side: str, args: argparse.Namespace) -> float:
     """MiB the training steps add to the peak resident set, measured in a fresh process."""
-    code = (f"import sys; sys.argv=['x']; from tasks.cli.bench import _memory_probe; "
+    code = (f"import sys; sys.argv=['x']; sys.path.insert(0, {str(HERE)!r}); from hf_compare import _memory_probe; "
             f"_memory_probe({family!r}, {precision!r}, {side!r}, {args.layers}, {args.d_model}, {args.heads}, "
             f"{args.vocab}, {args.batch}, {args.length})")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -257,13 +261,12 @@ def _report(result: Result) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console script: run, print the table, write the JSON."""
+    """The script: run, print the table, write the JSON."""
     run(argv)
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """``main`` returning what it measured (the dict written as JSON)."""
-    parser = argparse.ArgumentParser(prog="zoo-bench", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scripts/bench/hf_compare.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("train", "generate", "first-step", "memory"), nargs="*",
                         default=["train", "generate", "first-step", "memory"])
@@ -283,10 +286,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile", action="store_true", help="torch.compile both models for the training runs")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", default="bench.json", help="where to write the results")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return parser
 
+
+def machine_info(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Date, platform and versions, recorded with the results; an error without transformers."""
     machine = {"date": date.today().isoformat(), "platform": platform.platform(), "processor": platform.processor(),
                "threads": torch.get_num_threads(), "torch": torch.__version__}
     try:
@@ -295,6 +299,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         machine["transformers"] = transformers.__version__
     except ImportError:
         parser.error("zoo-bench compares against transformers: pip install -e '.[dev]'")
+    return machine
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """``main`` returning what it measured (the dict written as JSON)."""
+    cli = build_parser()
+    args = cli.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    machine = machine_info(cli)
     Console().print(f"zoo-bench on {machine}")
     results: list[Result] = []
     out: dict[str, Any] = {"machine": machine, "config": vars(args)}
@@ -309,7 +323,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if "first-step" in args.only:
         out.update(bench_first_step(args))
     out["results"] = [{**asdict(r), "ratio": r.ratio} for r in results]
+    print_summary(results, out)
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=2)
+    return out
 
+
+def print_summary(results: list[Result], out: dict[str, Any]) -> None:
+    """The table of results, then the peak memory and the time to the first step where measured."""
+    machine = out["machine"]
     table = Table(title=f"zoo-bench {machine['date']}, {machine['threads']} threads, torch {machine['torch']}")
     for column in ("benchmark", "zoo tok/s (min..max)", "other tok/s (min..max)", "ratio"):
         table.add_column(column, justify="left" if column == "benchmark" else "right")
@@ -321,76 +343,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         Console().print({k: round(v, 1) for k, v in out["peak_memory_mib"].items()})
     if "seconds_to_first_step" in out:
         Console().print(f"zoo-train to first optimizer step: {out['seconds_to_first_step']:.1f} s")
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=2)
-    return out
 
 
 if __name__ == "__main__":
     main()
-
-
-def bench_device_training(preset: str, *, batch: int, length: int, steps: int, compile: bool,
-                          device: str) -> dict[str, Any]:
-    """Training throughput and MFU of a zoo preset: bf16 autocast, fused AdamW, TF32 and the SDPA
-    kernels on a GPU; the same loop in fp32 on a CPU (the dry run of scripts/gpu_check.sh)."""
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    cuda = device.startswith("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    with torch.device(device):
-        model = zoo.create_model(preset, seed=0, max_seq_len=max(length, 1024) if preset.startswith("gpt") else None)
-    if compile:
-        model.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length + 1), device=device)
-    dtype = torch.bfloat16 if cuda else torch.float32
-
-    def step() -> None:
-        with torch.autocast(device.split(":")[0], dtype=dtype, enabled=cuda):
-            logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(3):  # warm-up (and compilation)
-        step()
-    sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync()
-    seconds = time.perf_counter() - start
-    tokens_per_s = batch * length * steps / seconds
-    flops_per_token = zoo.stats(model.config, seq_len=length).flops_per_token_train
-    peak = get_available_flops(torch.device(device), dtype) if cuda else None
-    return {"preset": preset, "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-            "compile": compile, "batch": batch, "length": length, "tokens_per_s": tokens_per_s,
-            "model_tflops_per_s": tokens_per_s * flops_per_token / 1e12,
-            "mfu": tokens_per_s * flops_per_token / peak if peak else None,
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
-
-
-def device_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """GPT-2-124M training throughput and MFU with compile off and on (scripts/gpu_check.sh)."""
-    parser = argparse.ArgumentParser(prog="zoo-bench-device")
-    parser.add_argument("--preset", default="gpt2")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default="gpu_bench.json")
-    args = parser.parse_args(argv)
-    rows = []
-    for compile in (False, True):
-        row = bench_device_training(args.preset, batch=args.batch, length=args.length, steps=args.steps,
-                                    compile=compile, device=args.device)
-        rows.append(row)
-        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a (peak FLOP/s unknown for this device)"
-        Console().print(f"{row['preset']} on {row['device']}, compile={compile}: {row['tokens_per_s']:,.0f} tokens/s, "
-                        f"{row['model_tflops_per_s']:.1f} model TFLOP/s, MFU {mfu}")
-    with open(args.json, "w") as f:
-        json.dump(rows, f, indent=2)
-    return rows
