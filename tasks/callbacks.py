@@ -156,10 +156,8 @@ class CrashCheckpoint(L.Callback):
         self.start_step = trainer.global_step  # after a resume: the step it resumed at
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        import optuna
-
-        if isinstance(exception, optuna.TrialPruned | DivergedError) or trainer.world_size != 1:
-            return  # pruning is no crash; diverged weights are no point to resume from
+        if not getattr(exception, "resumable", True) or trainer.world_size != 1:
+            return  # an end on purpose (a pruned trial), or weights not worth resuming (diverged)
         if self.start_step is None or trainer.global_step <= self.start_step:
             return  # not a single step of this run: what it started from is still there
         try:

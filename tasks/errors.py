@@ -14,4 +14,7 @@ class DataError(UserError):
 
 
 class DivergedError(RuntimeError):
-    """Training stopped because the loss (or a gradient) stopped being finite."""
+    """Training stopped because the loss (or a gradient) stopped being finite. ``resumable``:
+    the weights are no point to resume from (no crash checkpoint is saved)."""
+
+    resumable = False

@@ -3,6 +3,7 @@ pruning from validation metrics, the hparams_search configs, and zoo-sweep-repor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -242,3 +243,34 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     assert "ConfigError" in errors[1] and "n_heads=5 does not divide" in errors[1]
     assert "four" in errors["four"]
     assert "FAIL: 2" in (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_a_pruned_ddp_trial_ends_every_process_cleanly(tmp_path):
+    """DDP trials (2 processes) pruned at their first validation: rank 0 tells the sweeper, the process
+    Lightning started for rank 1 exits quietly (were it to fail, Lightning would kill the sweep's
+    process, during the next trial) and the sweep goes on."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "sweep.log", "w") as log:  # a file, not a pipe that a stray rank-1 process holds open
+        sweep = subprocess.Popen([sys.executable, "-m", "tasks.cli.train", "-m", *TINY, *SEARCH, "trainer=ddp",
+                                  "trainer.devices=2", "hydra.sweeper.n_trials=2", "hydra.sweeper.pruner=threshold",
+                                  "+hydra.sweeper.pruner_args.upper=0.0", f"hydra.sweeper.storage={storage}",
+                                  f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                                 cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = sweep.wait(timeout=300)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sweep.pid, signal.SIGKILL)  # any process of the sweep still there
+    output = (tmp_path / "sweep.log").read_text()
+    assert code == 0, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]  # no process failed
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]
+    for trial in study.trials:
+        assert list(trial.intermediate_values) == [3]
+        steps = [line.split(",")[1] for line in (Path(trial.user_attrs[JOB_DIR]) / "logs" / "metrics.csv")
+                 .read_text().splitlines()[1:]]
+        assert max(int(s) for s in steps if s) < 5  # stopped before the last step
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["optuna.db", "sweep", "sweep.log"]  # rank 1 made no run

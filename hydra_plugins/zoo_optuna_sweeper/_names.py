@@ -3,7 +3,9 @@ trial from, and the user attributes the sweeper writes into an Optuna study and 
 here once; the report reads what the sweeper wrote by these same names."""
 
 # How a job learns that it is an Optuna trial (set per job through ``hydra.job.env_set``, so it
-# reaches jobs of any launcher, and the DDP processes Lightning starts from a job, unchanged).
+# reaches jobs of any launcher, and the DDP processes Lightning starts from a job, unchanged). Beside
+# them the sweeper sets zoo-train's generic tasks.cli.common.RAISE_ERRORS_ENV: a job's error reaches
+# the sweeper, which records it as the trial's failure.
 STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "ZOO_OPTUNA_STORAGE", "ZOO_OPTUNA_STUDY", "ZOO_OPTUNA_TRIAL"
 
 # Trial attributes

@@ -8,6 +8,8 @@ import os
 from typing import Any
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from hydra_plugins.zoo_optuna_sweeper.sweeper import TRIAL_ENV, trial_of_this_job
 
@@ -19,7 +21,9 @@ class OptunaPruning(L.Callback):
     Outside such a sweep it does nothing.
 
     In a distributed run the global rank 0 talks to Optuna and tells the other ranks its decision,
-    so that all of them stop together.
+    so that all of them stop together. The processes Lightning starts for the other ranks raise
+    ``PrunedOnARankAbove0`` instead, which zoo-train ends quietly: only the job's own process
+    reports to the sweeper, and Lightning kills it when a process it started fails.
 
     Args:
         monitor: the logged metric the study optimizes (``monitor.metric``).
@@ -43,7 +47,15 @@ class OptunaPruning(L.Callback):
             self.trial.report(float(value), step=trainer.global_step)
             prune = self.trial.should_prune()
         if trainer.strategy.broadcast(prune, src=0):
-            import optuna
+            from hydra_plugins.zoo_optuna_sweeper._study import Pruned, PrunedOnARankAbove0
 
-            raise optuna.TrialPruned(f"at step {trainer.global_step}: {self.monitor}="
-                                     f"{'?' if value is None else f'{float(value):.4f}'}")
+            pruned = Pruned if in_the_jobs_process() else PrunedOnARankAbove0
+            raise pruned(f"at step {trainer.global_step}: {self.monitor}="
+                         f"{'?' if value is None else f'{float(value):.4f}'}")
+
+
+def in_the_jobs_process() -> bool:
+    """Whether this process runs the sweep's job itself (Hydra's multirun mode), not one that
+    Lightning started for another DDP rank of it (a single run: see relaunch_as_this_job in
+    tasks/cli/train.py)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

@@ -38,6 +38,7 @@ from hydra_plugins.zoo_optuna_sweeper._names import (
     STUDY_ENV,
     TRIAL_ENV,
 )
+from tasks.cli.common import RAISE_ERRORS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,22 @@ def open_trial(storage_url: str, study_name: str, number: int) -> optuna.trial.T
     return optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
 
 
+class Pruned(optuna.TrialPruned):
+    """The trial was pruned (the sweeper records it as PRUNED). ``resumable``: no crash, so the
+    run leaves no on_exception.ckpt (see tasks.callbacks.CrashCheckpoint)."""
+
+    resumable = False
+
+
+class PrunedOnARankAbove0(Pruned):
+    """The trial was pruned, seen from a DDP process that Lightning started for a trial's job: the
+    job's own process (rank 0) tells the sweeper. ``exit_quietly``: the verb ends this process
+    cleanly (see tasks.cli.common.RAISE_ERRORS_ENV), as Lightning kills the job's process when one
+    of the processes it started fails."""
+
+    exit_quietly = True
+
+
 def quoted(text: str) -> str:
     """A string as a single-quoted value of Hydra's override grammar."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -298,7 +315,8 @@ class OptunaSweep:
         """Launch the batch's trials and tell Optuna how each ended."""
         legal = []
         for trial in batch:
-            identity = {STORAGE_ENV: self.storage_url, STUDY_ENV: study.study_name, TRIAL_ENV: str(trial.number)}
+            identity = {STORAGE_ENV: self.storage_url, STUDY_ENV: study.study_name, TRIAL_ENV: str(trial.number),
+                        RAISE_ERRORS_ENV: "1"}  # the job's error is the trial's failure, told here
             job = [*space.overrides(trial.params),
                    *(f"++hydra.job.env_set.{k}={quoted(v)}" for k, v in identity.items())]
             try:

@@ -29,6 +29,11 @@ from tasks.errors import DivergedError, UserError
 USER_ERRORS = (zoo.ConfigError, zoo.CheckpointError, UserError)
 """Exceptions whose message is the whole story: a verb prints it in one line and exits 2."""
 
+RAISE_ERRORS_ENV = "ZOO_RAISE_ERRORS"
+"""Set (non-empty) by a sweeper that records each job's error itself: zoo-train lets the exception
+propagate instead of ending the process with one line; one whose ``exit_quietly`` attribute is true
+(a process that has nothing to report) ends the job with None instead."""
+
 
 def conf_dir() -> str:
     """conf/ of a source checkout or editable install; inside the package in a built wheel."""
@@ -68,7 +73,8 @@ def register_data_schemas() -> None:
     ``_target_``; a ``conf/data/*.yaml`` extends one and states only what differs, so a default
     lives in one place (the module's signature). Values stay untyped here: ``check_values`` and
     the module refuse a bad one in one line that names it (Hydra's own type errors do not)."""
-    for name, cls in DATA_MODULES.items():
+    for name in DATA_MODULES.names():
+        cls = DATA_MODULES.get(name)
         target = f"{cls.__module__.rsplit('.', 1)[0]}.{name}"
         fields = {"_target_": ("_target_", str, dataclasses.field(default=target))}
         for klass in reversed([k for k in cls.__mro__ if issubclass(k, TextDataModule)]):  # base first
@@ -216,8 +222,8 @@ def data_module(info: dict[str, Any], task: ZooTask, **overrides: Any) -> TextDa
     user's ``data.*`` settings."""
     if info.get("data_module") not in DATA_MODULES:
         raise zoo.CheckpointError(f"the checkpoint names data module {info.get('data_module')!r}, which is not one "
-                                  f"of zoo's {sorted(DATA_MODULES)}")
-    cls = DATA_MODULES[info["data_module"]]
+                                  f"of zoo's {DATA_MODULES.names()}")
+    cls = DATA_MODULES.get(info["data_module"])
     unknown = sorted(set(overrides) - set(info["data"]))
     if unknown:
         raise UserError(f"data.{unknown[0]} is not a setting of the checkpoint's data ({cls.__name__}); its settings: "

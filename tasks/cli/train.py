@@ -25,11 +25,11 @@ from rich.table import Table
 from tokenizers import Tokenizer
 
 import zoo
-from hydra_plugins.zoo_optuna_sweeper import sweeper as optuna_sweeper
 from tasks import TASKS
 from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
 from tasks.checkpoints import ZooCheckpointIO, claim_run_dir
 from tasks.cli.common import (
+    RAISE_ERRORS_ENV,
     check_composition,
     conf_dir,
     quiet_libraries,
@@ -227,24 +227,14 @@ def run(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs
     quiet_libraries()
     with one_job_of_a_sweep():
-        if not os.environ.get(optuna_sweeper.TRIAL_ENV):
+        if not os.environ.get(RAISE_ERRORS_ENV):
             return user_errors(train_or_resume)(cfg)
-        try:  # a trial of an Optuna sweep: the sweeper records the error as the trial's failure
+        try:  # a job of a sweeper that records the error as the job's failure
             return train(cfg)
         except Exception as error:
-            if pruned_on_a_rank_above_0(error):
+            if getattr(error, "exit_quietly", False):  # e.g. a DDP process Lightning started, whose rank 0 reports
                 return None
             raise
-
-
-def pruned_on_a_rank_above_0(error: Exception) -> bool:
-    """Whether this is a DDP process that Lightning started for a pruned Optuna trial (rank 0, in
-    the sweep's process, tells the sweeper). It must exit cleanly: Lightning kills the sweep's
-    process when one of the processes it started fails."""
-    import optuna
-
-    in_sweep_process = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    return isinstance(error, optuna.TrialPruned) and not in_sweep_process
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import zoo
 from tasks.data.modules import (
     ClassificationDataModule,
     LMDataModule,
@@ -6,8 +7,10 @@ from tasks.data.modules import (
     TranslationDataModule,
 )
 
-DATA_MODULES = {cls.__name__: cls for cls in (LMDataModule, ClassificationDataModule, MLMDataModule,
-                                               TranslationDataModule)}
+DATA_MODULES: zoo.Registry[type[TextDataModule]] = zoo.Registry("data module")
+"""Data modules by class name: the name a checkpoint records (``zoo_run.data_module``)."""
+for _module in (LMDataModule, ClassificationDataModule, MLMDataModule, TranslationDataModule):
+    DATA_MODULES.register(_module.__name__)(_module)
 
 __all__ = ["DATA_MODULES", "ClassificationDataModule", "LMDataModule", "MLMDataModule", "TextDataModule",
            "TranslationDataModule"]

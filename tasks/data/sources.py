@@ -27,9 +27,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import zoo
 from tasks.errors import DataError
 
 DOCSTRING_PACKAGES = ("asyncio", "email", "importlib", "logging", "xml", "multiprocessing", "unittest", "http")
+
+SOURCES: zoo.Registry[Callable[..., list[dict[str, Any]]]] = zoo.Registry("data source")
+"""``data.source`` names -> functions returning records; register yours with ``@SOURCES.register(name)``."""
 
 
 def split_of(key: str, val_fraction: float, test_fraction: float) -> str:
@@ -59,6 +63,7 @@ def stdlib_files(packages: Iterable[str] | None = None, *, include_tests: bool =
     return files
 
 
+@SOURCES.register("stdlib_code")
 def stdlib_code(max_files: int | None = None) -> list[dict[str, str]]:
     """Records {key, text} of stdlib source files; capped, a fixed pseudo-random choice of them."""
     root = stdlib_root()
@@ -69,6 +74,7 @@ def stdlib_code(max_files: int | None = None) -> list[dict[str, str]]:
             for p in files]
 
 
+@SOURCES.register("stdlib_docstrings")
 def stdlib_docstrings(packages: Iterable[str] = DOCSTRING_PACKAGES, min_chars: int = 20) -> list[dict[str, Any]]:
     """Records {key, text, label} of function/class/module docstrings; label = package name."""
     root = stdlib_root()
@@ -89,6 +95,7 @@ def stdlib_docstrings(packages: Iterable[str] = DOCSTRING_PACKAGES, min_chars: i
     return records
 
 
+@SOURCES.register("numbers")
 def number_pairs(n: int = 20000, *, target_lang: str = "de", max_number: int = 100_000,
                  seed: int = 0) -> list[dict[str, str]]:
     """Records {key, source, target}: English number words -> ``target_lang`` number words.
@@ -113,6 +120,7 @@ def number_pairs(n: int = 20000, *, target_lang: str = "de", max_number: int = 1
     return [{"key": str(x), "source": words[x][0], "target": words[x][1]} for x in sorted(numbers)]
 
 
+@SOURCES.register("gettext")
 def gettext_pairs(target_lang: str = "de", locale_dir: str | Path = "/usr/share/locale",
                   max_chars: int = 200) -> list[dict[str, str]]:
     """Records {key, source, target} from the compiled gettext catalogs (.mo) of one language."""
@@ -145,6 +153,7 @@ HEAD_BYTES = 1 << 13  # how much of a csv/json/parquet file is checked before HF
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # writing HF datasets' cache failed
 
 
+@SOURCES.register("local")
 def local_records(path: str | Path, **fields: str) -> list[dict[str, Any]]:
     """Records from a local file or folder of one type: .txt (one record per line), .csv, .json/.jsonl
     or .parquet (one per row, through HF ``datasets``). Hidden files and folders (.DS_Store, .git/)
@@ -402,6 +411,7 @@ def _records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dic
 
 
 # ---- the hub and the registry of sources ---------------------------------------------------------
+@SOURCES.register("hub")
 def hub_records(name: str, split: str = "train", subset: str | None = None, **fields: str) -> list[dict[str, Any]]:
     """Records of a dataset on the Hugging Face hub (needs network access the first time)."""
     from datasets import load_dataset
@@ -416,14 +426,6 @@ def hub_records(name: str, split: str = "train", subset: str | None = None, **fi
     return _records(dataset, dataset.column_names, fields, f"hub dataset {name!r}")
 
 
-SOURCES: dict[str, Callable[..., list[dict[str, Any]]]] = {
-    "stdlib_code": stdlib_code,
-    "stdlib_docstrings": stdlib_docstrings,
-    "numbers": number_pairs,
-    "gettext": gettext_pairs,
-    "local": local_records,
-    "hub": hub_records,
-}
 
 
 def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) -> list[dict[str, Any]]:
@@ -431,9 +433,9 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     fields the data module reads from every record; a source without them is a DataError that says
     which override maps them."""
     if source not in SOURCES:
-        raise DataError(f"data.source={source}: not a data source; choose one of {', '.join(SOURCES)}"
+        raise DataError(f"data.source={source}: not a data source; choose one of {', '.join(SOURCES.names())}"
                         f"{_closest(source, SOURCES)}")
-    function = SOURCES[source]
+    function = SOURCES.get(source)
     _check_arguments(source, function, kwargs)
     records = function(**kwargs)
     _check_fields(records, needs, source, renames=_takes_any(function))
