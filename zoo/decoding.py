@@ -44,6 +44,11 @@ class Steps:
         """Keep the rows ``index`` (B,) of everything held per row."""
         raise NotImplementedError
 
+    def history(self) -> tuple[Tensor, Tensor | None]:
+        """What the repeat controls (zoo.logits) read as each row's sequence so far: ids (B, T) and a
+        mask (B, T), 1 = token, 0 = padding; None when nothing is padding."""
+        raise NotImplementedError
+
     def output(self) -> Tensor:
         return self.ids
 
@@ -89,6 +94,9 @@ class DecoderSteps(Steps):
         positions = self.mask.sum(-1, keepdim=True) - 1 if self.padded else None  # (B, 1)
         return self._logits(token[:, None], positions)
 
+    def history(self) -> tuple[Tensor, Tensor | None]:
+        return self.ids, self.mask if self.padded else None  # the prompt and its continuation, no padding
+
     def reorder(self, index: Tensor) -> None:
         self.ids, self.mask = self.ids[index], self.mask[index]
         if self.cache is not None:
@@ -126,6 +134,9 @@ class EncoderDecoderSteps(Steps):
     def next(self, token: Tensor) -> Tensor:
         self.ids = torch.cat([self.ids, token[:, None]], dim=1)
         return self._logits(token[:, None] if self.use_cache else self.ids)
+
+    def history(self) -> tuple[Tensor, Tensor | None]:
+        return self.ids[:, 1:], None  # the target after its start token (often the pad token)
 
     def reorder(self, index: Tensor) -> None:
         self.ids, self.memory = self.ids[index], self.memory[index]

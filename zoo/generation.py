@@ -1,5 +1,6 @@
 """Autoregressive generation: greedy, sampling (temperature, top-k, top-p) and beam search, with or
 without the KV cache (both give the same tokens; the cache makes each step O(t) instead of O(t^2)).
+In every mode a repetition penalty and a no-repeat n-gram ban (zoo.logits) can read each sequence so far.
 
 Prompts of different lengths are left-padded (decoder) or right-padded (encoder source); position
 ids are counted over real tokens only, so a padded prompt decodes exactly as it would alone.
@@ -13,16 +14,18 @@ what it generated.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo.logits import RepeatControls
 from zoo.position import position_limit
 from zoo.registry import ARCH, ConfigError
 
@@ -80,14 +83,21 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None
     return logits
 
 
-def check_sampling(*, temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise a ConfigError naming the first sampling setting that cannot work."""
+def check_sampling(*, temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float = 1.0,
+                   no_repeat_ngram_size: int = 0) -> None:
+    """Raise a ConfigError naming the first sampling or repeat setting (zoo.logits) that cannot work."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
         raise ConfigError(f"temperature={temperature!r} must be a number >= 0 (0 decodes greedily)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0):
         raise ConfigError(f"top_k={top_k!r} must be a whole number >= 0 (0 or null: no top-k filter)")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
         raise ConfigError(f"top_p={top_p!r} must be in (0, 1] (1 or null: no nucleus filter)")
+    penalty, size = repetition_penalty, no_repeat_ngram_size
+    if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not 0 < penalty < math.inf:
+        raise ConfigError(f"repetition_penalty={penalty!r} must be a finite number > 0 (1: off; > 1 discourages "
+                          f"repeats)")
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+        raise ConfigError(f"no_repeat_ngram_size={size!r} must be a whole number >= 0 (0: off)")
 
 
 def _check_counts(max_new_tokens: int, num_beams: int) -> None:
@@ -107,7 +117,8 @@ class GenerationMixin:
     def generate(self, input_ids: Prompts, max_new_tokens: int = 20, *, attention_mask: Tensor | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, num_beams: int = 1, length_penalty: float = 1.0,
-                 eos_token_id: int | None = -1, pad_token_id: int | None = None, use_cache: bool = True,
+                 repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, eos_token_id: int | None = -1,
+                 pad_token_id: int | None = None, use_cache: bool = True,
                  generator: torch.Generator | None = None) -> Tensor:
         """Continue ``input_ids`` by up to ``max_new_tokens`` tokens.
 
@@ -122,6 +133,11 @@ class GenerationMixin:
             eos_token_id: stop a sequence at this token; -1 (default) means ``config.eos_token_id``,
                 None never stops early. Finished sequences are padded with ``pad_token_id``.
             num_beams: >= 1; > 1 runs beam search (scores divided by length**length_penalty).
+            repetition_penalty: > 0, 1 is off: every token already in the sequence has a positive logit
+                divided by it and a negative one multiplied (CTRL; > 1 discourages repeats). The sequence
+                is a decoder's prompt and continuation, an encoder-decoder's target after its start
+                token, never padding; beam search applies it to each beam's log-probabilities, as HF does.
+            no_repeat_ngram_size: n > 0 lets no n-gram occur twice in that sequence; 0 is off.
 
         Returns:
             decoder: (B, T + n) prompt and continuation; encoder_decoder: (B, 1 + n) starting with
@@ -133,36 +149,41 @@ class GenerationMixin:
         cfg = self.config
         steps_cls = self._steps_class()
         _check_counts(max_new_tokens, num_beams)
-        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                       no_repeat_ngram_size=no_repeat_ngram_size)
+        repeats = RepeatControls(float(repetition_penalty), int(no_repeat_ngram_size))
         do_sample = do_sample and temperature > 0
         eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
         pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
         device = self.embed.weight.device
-        ids, mask = pad_sequences(input_ids, pad, left=steps_cls.left_pad, device=device)
-        if attention_mask is not None:
-            mask = attention_mask.to(device)
-        _check_prompts(mask)
+        ids, mask = _prompts(input_ids, attention_mask, pad, steps_cls.left_pad, device)
         start = steps_cls.held(ids.shape[1])  # tokens the output holds before the new ones
         new = self._room(ids.shape[1], start, max_new_tokens, steps_cls.prompt)
         self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
-        was_training = self.training
-        self.eval()
-        try:
-            if num_beams > 1:
-                index = torch.arange(ids.shape[0], device=device).repeat_interleave(num_beams)
-                steps = steps_cls(self, ids[index], mask[index], use_cache, new)
-                out = _beam_search(steps, ids.shape[0], num_beams, new, eos, pad, length_penalty)
-            else:
-                steps = steps_cls(self, ids, mask, use_cache, new)
-                out = _sample(steps, new, eos, pad, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                              top_p=top_p, generator=generator)
-        finally:
-            self.train(was_training)
+        out = self._decode(steps_cls, ids, mask, new, num_beams=num_beams, use_cache=use_cache, eos=eos, pad=pad,
+                           length_penalty=length_penalty, repeats=repeats, do_sample=do_sample,
+                           temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
             warnings.warn(f"generation stopped after {new} of max_new_tokens={max_new_tokens} new tokens: the model "
                           f"numbers at most {self.max_positions} positions (max_seq_len) and {steps_cls.holds} took "
                           f"{start}", GenerationLimitWarning, stacklevel=3)
         return out
+
+    def _decode(self, steps_cls: type[Steps], ids: Tensor, mask: Tensor, new: int, *, num_beams: int,
+                use_cache: bool, eos: int | None, pad: int, length_penalty: float, repeats: RepeatControls,
+                **sampling: Any) -> Tensor:
+        """Up to ``new`` tokens after ``ids`` (B, T), in eval mode: beam search for ``num_beams`` > 1,
+        else greedy or sampled (``sampling``: the keywords of ``_sample``)."""
+        was_training = self.training
+        self.eval()
+        try:
+            if num_beams == 1:
+                return _sample(steps_cls(self, ids, mask, use_cache, new), new, eos, pad, repeats, **sampling)
+            index = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(num_beams)
+            steps = steps_cls(self, ids[index], mask[index], use_cache, new)
+            return _beam_search(steps, ids.shape[0], num_beams, new, eos, pad, length_penalty, repeats)
+        finally:
+            self.train(was_training)
 
     def _steps_class(self) -> type[Steps]:
         """How this form decodes (its ``decoding``, zoo.decoding); a TypeError for a form that cannot."""
@@ -200,6 +221,17 @@ class GenerationMixin:
                           f"need {(start + new) * per_position / 2**30:.3g} GiB for keys, values and ids, and "
                           f"{device.type} has {free / 2**30:.3g} GiB free; at most {fits} new tokens fit "
                           f"(fewer prompts or beams leave room for more)")
+
+
+def _prompts(input_ids: Prompts, attention_mask: Tensor | None, pad: int, left: bool, device: torch.device
+             ) -> tuple[Tensor, Tensor]:
+    """The prompts as (ids, mask), both (B, T), padded on the ``left`` or the right; a PromptError
+    for none or one without tokens."""
+    ids, mask = pad_sequences(input_ids, pad, left=left, device=device)
+    if attention_mask is not None:
+        mask = attention_mask.to(device)
+    _check_prompts(mask)
+    return ids, mask
 
 
 def _check_prompts(mask: Tensor) -> None:
@@ -244,13 +276,15 @@ def _available_ram() -> int | None:
         return None
 
 
-def _sample(steps: Steps, max_new: int, eos: int | None, pad: int, *, do_sample: bool, temperature: float,
-            top_k: int | None, top_p: float | None, generator: torch.Generator | None) -> Tensor:
+def _sample(steps: Steps, max_new: int, eos: int | None, pad: int, repeats: RepeatControls, *, do_sample: bool,
+            temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None) -> Tensor:
+    """Greedy or sampled decoding; ``repeats`` act on the raw logits, before temperature, top-k, top-p."""
     if max_new == 0:
         return steps.output()
     logits = steps.first()  # (B, V)
     done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     for step in range(max_new):
+        logits = repeats(logits, *steps.history())
         if do_sample:
             probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
             token = torch.multinomial(probs, 1, generator=generator)[:, 0]
@@ -267,10 +301,11 @@ def _sample(steps: Steps, max_new: int, eos: int | None, pad: int, *, do_sample:
 
 
 def _beam_search(steps: Steps, batch: int, K: int, max_new: int, eos: int | None, pad: int,
-                 length_penalty: float) -> Tensor:
+                 length_penalty: float, repeats: RepeatControls) -> Tensor:
     """Keep the K best prefixes per source by total log-probability; a prefix ending in eos becomes
     a finished hypothesis scored by logprob / length**length_penalty. A source is done when it has K
-    hypotheses and no live beam can beat the worst of them at its current length."""
+    hypotheses and no live beam can beat the worst of them at its current length. ``repeats`` act on
+    each beam's log-probabilities (as in HF transformers), so its scores add what they leave."""
     if max_new == 0:
         return steps.output()[::K]
     device = steps.ids.device
@@ -282,7 +317,7 @@ def _beam_search(steps: Steps, batch: int, K: int, max_new: int, eos: int | None
     done = [False] * batch
     prompt_len = steps.ids.shape[1]
     for step in range(max_new):
-        logp = F.log_softmax(logits.float(), dim=-1).view(batch, K, V)
+        logp = repeats(F.log_softmax(logits.float(), dim=-1), *steps.history()).view(batch, K, V)
         cand = (scores[:, :, None] + logp).view(batch, K * V)
         top_scores, top_index = cand.topk(2 * K, dim=-1)  # (B, 2K)
         beam_src = torch.zeros(batch, K, dtype=torch.long, device=device)
