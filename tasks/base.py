@@ -1,5 +1,7 @@
-"""What every task shares: the zoo model built from plain config, AdamW with weight-decay groups,
-linear warmup then cosine decay, the tokenizer carried inside checkpoints."""
+"""What every task shares: the zoo model built from plain config, one step for train/val/test
+(the task's ``model_step`` computes the loss and updates its per-stage metrics, the base logs them
+as ``stage/name``), the methods the verbs call (``respond``, ``export_*``), AdamW with weight-decay
+groups, linear warmup then cosine decay, the tokenizer carried inside checkpoints."""
 
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ from typing import Any, ClassVar
 import lightning as L
 import torch
 from tokenizers import Tokenizer
-from torch import nn
+from torch import Tensor, nn
+from torchmetrics import Metric, MetricCollection
 
 import zoo
+from tasks.errors import UserError
+
+STAGES = ("train", "val", "test")
 
 
 class ZooTask(L.LightningModule):
@@ -36,8 +42,8 @@ class ZooTask(L.LightningModule):
     def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
         """Raise ConfigError when this task cannot train a model of that config."""
         if cls.forms and cfg.arch not in cls.forms:
-            raise zoo.ConfigError(f"arch={cfg.arch!r} cannot be trained by {cls.__name__}; it needs arch in "
-                                  f"{list(cls.forms)} (choose another model or task)")
+            raise zoo.ConfigError(f"arch={cfg.arch!r} cannot be trained by {cls.__name__}, which trains "
+                                  f"{' or '.join(cls.forms)} models (choose another model or task)")
         cfg.validate()
 
     @classmethod
@@ -57,19 +63,75 @@ class ZooTask(L.LightningModule):
             with open(Path(self.trainer.default_root_dir) / "samples.txt", "a", encoding="utf-8") as f:
                 f.write(text + "\n")
 
-    # ---- steps: tasks whose stages differ only in name define ``step`` -------------------------------
-    def step(self, batch: dict[str, Any], stage: str) -> torch.Tensor:
-        """Loss of one batch at ``stage`` ("train", "val" or "test"), logging its metrics."""
-        raise NotImplementedError(f"{type(self).__name__} defines its own *_step methods")
+    # ---- one step for every stage: the task computes, the base logs ---------------------------------
+    def metrics(self, stage: str) -> dict[str, Metric]:
+        """The metrics this task keeps at ``stage`` ("train", "val" or "test"), by name; logged after
+        the loss as ``<stage>/<name>``. Called once per stage by ``add_metrics``."""
+        return {}
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        return self.step(batch, "train")
+    def add_metrics(self) -> None:
+        """Give the task ``train_metrics``, ``val_metrics`` and ``test_metrics``: a MetricCollection per
+        stage made by ``metrics``. Each task calls it last in its ``__init__``, when what the metrics
+        need (e.g. the number of labels) is known."""
+        for stage in STAGES:
+            setattr(self, f"{stage}_metrics", MetricCollection(self.metrics(stage), prefix=f"{stage}/"))
+
+    def metrics_at(self, stage: str) -> MetricCollection:
+        """The MetricCollection of ``stage`` (empty when the task keeps no metrics there)."""
+        return getattr(self, f"{stage}_metrics")
+
+    def model_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
+        """The loss of one batch at ``stage``; updates ``metrics_at(stage)`` with what the batch shows."""
+        raise NotImplementedError(f"{type(self).__name__} does not define model_step")
+
+    def shared_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
+        """``model_step``, then the log: ``<stage>/loss`` (on the progress bar except in testing, averaged
+        over processes except in training) and the stage's metrics (on the bar in validation)."""
+        loss = self.model_step(batch, batch_idx, stage)
+        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train",
+                 batch_size=len(batch["input_ids"]))
+        self.log_dict(self.metrics_at(stage), prog_bar=stage == "val")
+        return loss
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self.shared_step(batch, batch_idx, "train")
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.step(batch, "val")
+        self.shared_step(batch, batch_idx, "val")
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.step(batch, "test")
+        self.shared_step(batch, batch_idx, "test")
+
+    # ---- what the verbs ask: each task answers in its own way ---------------------------------------
+    def respond(self, prompt: str, **settings: Any) -> str:
+        """What zoo-generate prints for ``prompt``. ``settings`` are those of conf/generate.yaml
+        (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, top, seed); a task reads the
+        ones it needs. A setting that cannot work is a UserError or a zoo.ConfigError naming it."""
+        raise NotImplementedError(f"{type(self).__name__} does not answer prompts")
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The prompt's token ids (special tokens included) for a model that reads it whole; a
+        UserError when they are more than its positions can number."""
+        ids = self.tokenizer.encode(prompt).ids
+        limit = self.model.max_positions
+        if limit is not None and len(ids) > limit:
+            raise UserError(f"prompt= is {len(ids)} tokens long but this model numbers at most {limit} positions "
+                            f"(max_seq_len); shorten it")
+        return ids
+
+    def export_info(self, fmt: str) -> dict[str, Any]:
+        """Fields this task adds to the config.json of an export in format ``fmt`` ("safetensors" or
+        "onnx"), beside the model config, the task name and the export record."""
+        return {}
+
+    def export_modules(self) -> dict[str, nn.Module]:
+        """Modules of the task outside ``model`` that a safetensors export writes, by file name."""
+        return {}
+
+    def export_head(self, outputs: Tensor, attention_mask: Tensor) -> Tensor:
+        """What the exported graph returns, given the model's outputs (hidden states or logits) and
+        the (B, T) attention mask: the outputs themselves unless the task adds a head."""
+        return outputs
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -129,7 +191,7 @@ class ZooTask(L.LightningModule):
         theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"]))
         mine = self.model.config
         problems = []
-        if theirs.arch != mine.arch:
+        if theirs.form is not mine.form:
             problems.append(f"it has arch={theirs.arch!r} and this run trains arch={mine.arch!r}")
         clash = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
         if clash:
@@ -202,3 +264,10 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def top_count(top: Any) -> int:
+    """``top=`` of zoo-generate: how many labels or tokens to show, at least one; a UserError otherwise."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise UserError(f"top={top!r} must be a whole number >= 1 (how many labels or tokens to show)")
+    return top

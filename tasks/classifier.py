@@ -7,9 +7,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import Accuracy, F1Score, MetricCollection
+from torchmetrics import Accuracy, F1Score, Metric
 
-from tasks.base import ZooTask
+from tasks.base import ZooTask, top_count
 
 POOLINGS = ("cls", "mean")
 
@@ -23,18 +23,18 @@ class ClassifierTask(ZooTask):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {POOLINGS}")
         self.label_names, self.pooling = list(label_names), pooling
-        n = len(self.label_names)
-        self.head = nn.Sequential(nn.Dropout(head_dropout), nn.Linear(self.model.config.d_model, n))
-        metrics = MetricCollection({"acc": Accuracy(task="multiclass", num_classes=n),
-                                    "f1": F1Score(task="multiclass", num_classes=n, average="macro")})
-        self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/")
-                                                                   for s in ("train", "val", "test"))
+        self.head = nn.Sequential(nn.Dropout(head_dropout), nn.Linear(self.model.config.d_model, len(self.label_names)))
+        self.add_metrics()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """(B, T) token ids -> (B, n_labels) logits."""
-        hidden = self.model(input_ids, attention_mask)  # (B, T, D)
+        return self.classify(self.model(input_ids, attention_mask), attention_mask)
+
+    def classify(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """(B, T, D) hidden states -> (B, n_labels) logits: pooled (first token or masked mean), then the head."""
         if self.pooling == "mean":
-            mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+            mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device) if attention_mask is None \
+                else attention_mask  # (B, T)
             pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
         elif self.model.pooler is not None:
             pooled = self.model.pool(hidden)
@@ -42,13 +42,15 @@ class ClassifierTask(ZooTask):
             pooled = hidden[:, 0]
         return self.head(pooled)
 
-    def step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
-        logits = self(batch["input_ids"], batch["attention_mask"])
+    def metrics(self, stage: str) -> dict[str, Metric]:
+        n = len(self.label_names)
+        return {"acc": Accuracy(task="multiclass", num_classes=n),
+                "f1": F1Score(task="multiclass", num_classes=n, average="macro")}
+
+    def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
+        logits = self(batch["input_ids"], batch["attention_mask"])  # (B, n_labels)
         loss = F.cross_entropy(logits.float(), batch["labels"])
-        metrics = getattr(self, f"{stage}_metrics")
-        metrics.update(logits, batch["labels"])
-        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train")
-        self.log_dict(metrics, prog_bar=stage == "val")
+        self.metrics_at(stage).update(logits, batch["labels"])
         return loss
 
     @torch.no_grad()
@@ -58,3 +60,22 @@ class ClassifierTask(ZooTask):
         probs = self(ids).softmax(-1)[0]
         best = int(probs.argmax())
         return self.label_names[best], float(probs[best])
+
+    @torch.no_grad()
+    def respond(self, prompt: str, *, top: int, **_: Any) -> str:
+        """The ``top`` most likely labels of ``prompt``, one ``label<TAB>probability`` line each."""
+        probs = self(torch.tensor([self.prompt_ids(prompt)], device=self.device)).softmax(-1)[0]
+        best = probs.topk(min(top_count(top), len(probs)))
+        return "\n".join(f"{self.label_names[int(i)]}\t{float(p):.3f}" for p, i in zip(best.values, best.indices,
+                                                                                         strict=True))
+
+    def export_info(self, fmt: str) -> dict[str, Any]:
+        """The label names; for safetensors also the pooling, which head.safetensors needs (an ONNX
+        graph holds it)."""
+        return {"label_names": self.label_names, **({"pooling": self.pooling} if fmt == "safetensors" else {})}
+
+    def export_modules(self) -> dict[str, nn.Module]:
+        return {"head.safetensors": self.head}
+
+    def export_head(self, outputs: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.classify(outputs, attention_mask)

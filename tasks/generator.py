@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics import Metric
 from torchmetrics.text import Perplexity
 
 import zoo
@@ -21,8 +22,8 @@ class GeneratorTask(ZooTask):
         super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
         self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
         self.sample_temperature = sample_temperature
-        self.val_ppl, self.test_ppl = Perplexity(ignore_index=-100), Perplexity(ignore_index=-100)
         self.samples: list[str] = []
+        self.add_metrics()
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
@@ -39,26 +40,16 @@ class GeneratorTask(ZooTask):
         if settings.get("sample_temperature", 0.8) <= 0:
             raise zoo.ConfigError(f"task.sample_temperature={settings['sample_temperature']} must be > 0")
 
-    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    def metrics(self, stage: str) -> dict[str, Metric]:
+        return {} if stage == "train" else {"ppl": Perplexity(ignore_index=-100)}
+
+    def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
         logits = self.model(batch["input_ids"])  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100), logits
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss, _ = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+        metrics = self.metrics_at(stage)
+        if metrics:  # perplexity outside training only: no float copy of the logits there
+            metrics.update(logits.float(), batch["labels"])
         return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        loss, logits = self.loss(batch)
-        self.val_ppl.update(logits.float(), batch["labels"])
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/ppl", self.val_ppl, prog_bar=True)
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        loss, logits = self.loss(batch)
-        self.test_ppl.update(logits.float(), batch["labels"])
-        self.log("test/loss", loss, sync_dist=True)
-        self.log("test/ppl", self.test_ppl)
 
     def on_validation_epoch_end(self) -> None:
         if self.tokenizer_json is None or self.trainer.sanity_checking:
@@ -76,3 +67,13 @@ class GeneratorTask(ZooTask):
         out = self.model.generate(torch.tensor([ids], device=self.device), max_new_tokens, generator=generator,
                                   **kwargs)
         return self.tokenizer.decode(out[0].tolist(), skip_special_tokens=True)
+
+    def respond(self, prompt: str, *, max_new_tokens: int, do_sample: bool, temperature: float, top_k: int | None,
+                top_p: float | None, seed: int, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+                **_: Any) -> str:
+        """``prompt`` continued: sampled with ``temperature``, ``top_k`` and ``top_p``, or greedy;
+        ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to either."""
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+        return self.generate_text(prompt, max_new_tokens, seed=seed, do_sample=bool(do_sample),
+                                  repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                  **sampling)

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import Accuracy
+from torchmetrics import Accuracy, Metric
 
 import zoo
-from tasks.base import ZooTask
+from tasks.base import ZooTask, top_count
 
 
 class MLMTask(ZooTask):
@@ -18,9 +18,7 @@ class MLMTask(ZooTask):
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None) -> None:
         super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
-        V = self.model.config.vocab_size
-        self.train_acc, self.val_acc, self.test_acc = (Accuracy(task="multiclass", num_classes=V, ignore_index=-100)
-                                                       for _ in range(3))
+        self.add_metrics()
 
     @classmethod
     def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
@@ -28,17 +26,17 @@ class MLMTask(ZooTask):
         if not cfg.mlm_head:
             raise zoo.ConfigError("the mlm task needs the masked-LM head: set model.mlm_head=true")
 
-    def step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+    def metrics(self, stage: str) -> dict[str, Metric]:
+        return {"masked_acc": Accuracy(task="multiclass", num_classes=self.model.config.vocab_size, ignore_index=-100)}
+
+    def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
         hidden = self.model(batch["input_ids"], batch["attention_mask"])  # (B, T, D)
         chosen = batch["labels"] != -100  # (B, T): ~15% of the tokens
         # the head (dense, norm, vocabulary projection) runs on the chosen positions only
         logits = self.model.mlm_logits(hidden[chosen])  # (N, V)
         labels = batch["labels"][chosen]  # (N,)
         loss = F.cross_entropy(logits.float(), labels)
-        acc = getattr(self, f"{stage}_acc")
-        acc.update(logits.argmax(-1), labels)
-        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train")
-        self.log(f"{stage}/masked_acc", acc, prog_bar=stage == "val")
+        self.metrics_at(stage).update(logits.argmax(-1), labels)
         return loss
 
     @torch.no_grad()
@@ -54,3 +52,16 @@ class MLMTask(ZooTask):
             out.append([(self.tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices,
                                                                                       strict=True)])
         return out
+
+    def respond(self, prompt: str, *, top: int, **_: Any) -> str:
+        """For each <mask> of ``prompt``, its ``top`` most likely tokens and their probabilities."""
+        top = top_count(top)
+        self.prompt_ids(prompt)
+        filled = self.fill_mask(prompt, top_k=top)
+        if not filled:
+            return "no <mask> token in the prompt"
+        return "\n".join(f"<mask> #{n + 1}: " + ", ".join(f"{tok} ({p:.3f})" for tok, p in options)
+                         for n, options in enumerate(filled))
+
+    def export_head(self, outputs: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model.mlm_logits(outputs)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics import Metric
 from torchmetrics.text import BLEUScore, CHRFScore
 
 from tasks.base import ZooTask
@@ -24,60 +25,62 @@ class TranslatorTask(ZooTask):
         super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
         self.label_smoothing, self.num_beams, self.length_penalty = label_smoothing, num_beams, length_penalty
         self.max_new_tokens, self.decode_batches, self.n_samples = max_new_tokens, decode_batches, n_samples
-        self.bleu = torch.nn.ModuleDict({s: BLEUScore() for s in ("val", "test")})
-        self.chrf = torch.nn.ModuleDict({s: CHRFScore() for s in ("val", "test")})
         self.samples: list[tuple[str, str, str]] = []
+        self.add_metrics()
 
-    def step_loss(self, batch: dict[str, Any]) -> Tensor:
+    def metrics(self, stage: str) -> dict[str, Metric]:
+        return {} if stage == "train" else {"bleu": BLEUScore(), "chrf": CHRFScore()}
+
+    def model_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
+        """Teacher-forced loss; outside training the batch is also translated for BLEU/chrF (in
+        validation only ``decode_batches`` batches, spread over the length-sorted set)."""
         logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
                                label_smoothing=self.label_smoothing)
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        loss = self.step_loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        if stage == "train" or (stage == "val" and batch_idx % self.decode_stride()):
+            return loss
+        hypotheses = self.translate_ids(batch["input_ids"], batch["attention_mask"])
+        self.metrics_at(stage).update(hypotheses, [[ref] for ref in batch["references"]])
+        if stage == "val" and batch_idx == 0 and not self.trainer.sanity_checking:
+            self.show_samples(batch, hypotheses)
         return loss
 
-    def evaluate(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
-        self.log(f"{stage}/loss", self.step_loss(batch), prog_bar=stage == "val", sync_dist=True,
-                 batch_size=len(batch["references"]))
-        if stage == "val":  # decode decode_batches batches spread over the (length-sorted) validation set
-            stride = max(1, math.ceil(self.trainer.num_val_batches[0] / self.decode_batches))
-            if batch_idx % stride:
-                return
-        hypotheses = self.translate_ids(batch["input_ids"], batch["attention_mask"])
-        references = [[ref] for ref in batch["references"]]
-        self.bleu[stage].update(hypotheses, references)
-        self.chrf[stage].update(hypotheses, references)
-        self.log(f"{stage}/bleu", self.bleu[stage], prog_bar=stage == "val")
-        self.log(f"{stage}/chrf", self.chrf[stage], prog_bar=stage == "val")
-        if stage == "val" and batch_idx == 0 and not self.trainer.sanity_checking:
-            sources = [self.tokenizer.decode(ids.tolist(), skip_special_tokens=True) for ids in batch["input_ids"]]
-            self.samples = list(zip(sources, hypotheses, batch["references"], strict=True))[: self.n_samples]
-            for src, hyp, ref in self.samples:
-                self.log_text(f"[step {self.global_step}] {src!r} -> {hyp!r} (reference {ref!r})")
+    def decode_stride(self) -> int:
+        """Every how many validation batches one is translated, for ``decode_batches`` in all."""
+        return max(1, math.ceil(self.trainer.num_val_batches[0] / self.decode_batches))
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.evaluate(batch, batch_idx, "val")
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self.evaluate(batch, batch_idx, "test")
+    def show_samples(self, batch: dict[str, Any], hypotheses: list[str]) -> None:
+        """Keep and print the first ``n_samples`` translations of ``batch`` beside their references."""
+        sources = [self.tokenizer.decode(ids.tolist(), skip_special_tokens=True) for ids in batch["input_ids"]]
+        self.samples = list(zip(sources, hypotheses, batch["references"], strict=True))[: self.n_samples]
+        for src, hyp, ref in self.samples:
+            self.log_text(f"[step {self.global_step}] {src!r} -> {hyp!r} (reference {ref!r})")
 
     @torch.no_grad()
-    def translate_ids(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> list[str]:
-        out = self.model.generate(input_ids, self.max_new_tokens, attention_mask=attention_mask,
-                                  num_beams=self.num_beams, length_penalty=self.length_penalty)
+    def translate_ids(self, input_ids: Tensor, attention_mask: Tensor | None = None, **settings: Any) -> list[str]:
+        """(B, S) source ids -> B translations. ``settings`` (num_beams, max_new_tokens, length_penalty)
+        replace the task's own for this call."""
+        settings = {"max_new_tokens": self.max_new_tokens, "num_beams": self.num_beams,
+                    "length_penalty": self.length_penalty, **settings}
+        out = self.model.generate(input_ids, attention_mask=attention_mask, **settings)
         texts, eos = [], self.model.config.eos_token_id
         for row in out[:, 1:].tolist():  # drop the start token; cut at </s>
             row = row[: row.index(eos)] if eos in row else row
             texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
         return texts
 
-    def translate(self, texts: list[str]) -> list[str]:
+    def translate(self, texts: list[str], **settings: Any) -> list[str]:
+        """Translations of ``texts``; ``settings`` as for ``translate_ids``."""
         ids = [self.tokenizer.encode(t).ids + [self.model.config.eos_token_id] for t in texts]
         width = max(len(i) for i in ids)
         pad = self.model.config.pad_token_id
         batch = torch.full((len(ids), width), pad, dtype=torch.long, device=self.device)
         for row, i in enumerate(ids):
             batch[row, : len(i)] = torch.tensor(i)
-        return self.translate_ids(batch, (batch != pad).long())
+        return self.translate_ids(batch, (batch != pad).long(), **settings)
+
+    def respond(self, prompt: str, *, max_new_tokens: int, num_beams: int, repetition_penalty: float = 1.0,
+                no_repeat_ngram_size: int = 0, **_: Any) -> str:
+        """The translation of ``prompt``, greedy or with ``num_beams`` beams."""
+        return self.translate([prompt], num_beams=num_beams, max_new_tokens=max_new_tokens,
+                              repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)[0]

@@ -286,3 +286,22 @@ def test_real_commands_end_a_mistake_in_one_line(verb, args, message, ckpts, tmp
     run = _run(verb, *args, f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert run.stderr.startswith(message) and run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("ckpt", ["rope", "translator"])
+@pytest.mark.parametrize("do_sample", ["true", "false"])
+def test_zoo_generate_passes_the_repetition_controls_to_generate(ckpt, do_sample, ckpts, monkeypatch, capsys):
+    seen: dict = {}
+    real = zoo.ZooModel.generate
+
+    def spy(self, *args, **kwargs):
+        seen.update(kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(zoo.ZooModel, "generate", spy)
+    generate([f"ckpt_path={ckpts[ckpt]}", "prompt=def add", "max_new_tokens=4", f"do_sample={do_sample}",
+              "repetition_penalty=1.5", "no_repeat_ngram_size=2"])
+    assert seen["repetition_penalty"] == 1.5 and seen["no_repeat_ngram_size"] == 2
+    with pytest.raises(SystemExit):
+        generate([f"ckpt_path={ckpts[ckpt]}", "prompt=def add", "no_repeat_ngram_size=-1"])
+    assert "no_repeat_ngram_size=-1" in one_line(capsys)

@@ -139,7 +139,8 @@ def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs
     text, target_text = literal(cfg, "text"), literal(cfg, "target")
     if text is None or not text.strip():
         raise UserError('text="…" is required: the text to look at (the source sentence for a translator)')
-    if target_text is not None and config.arch != "encoder_decoder":
+    reads_a_source = config.form.cross_attention  # a translator: a source, and a target it reads or writes
+    if target_text is not None and not reads_a_source:
         raise UserError(f"target= is for encoder-decoder models; this model is arch={config.arch!r}")
     limit = whole(cfg, "max_tokens", 2)
     if model.max_positions is not None:
@@ -148,13 +149,13 @@ def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs
     if not ids:
         raise UserError(f"text={text!r} gives no tokens; give some text")
     inputs = Inputs(ids=ids[:limit])
-    if config.arch == "encoder_decoder" and config.eos_token_id is not None:
+    if reads_a_source and config.eos_token_id is not None:
         # the source ends with </s>, also when cut, as in TranslationDataModule
         inputs.ids = ids[: limit - 1] + [config.eos_token_id]
         ids = ids + [config.eos_token_id]
     if len(ids) > limit:
         inputs.notes.append(f"text cut to its first {limit} of {len(ids)} tokens (max_tokens)")
-    if config.arch != "encoder_decoder":
+    if not reads_a_source:
         return inputs
     start = config.decoder_start_token_id
     if target_text is not None:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 import zoo
-from tasks import ClassifierTask, MLMTask, ZooTask
+from tasks import ZooTask
 from tasks.cli.common import conf_dir, load_task, quiet_libraries, user_errors
 from tasks.errors import UserError
 from zoo.attention import Attention
@@ -44,33 +44,22 @@ ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
 
 class ExportGraph(nn.Module):
-    """What the exported graph computes, by form: decoder -> next-token logits; encoder ->
-    classifier logits, masked-LM logits or hidden states; encoder_decoder -> decoder logits."""
+    """What the exported graph computes: the model's outputs by form (decoder -> next-token logits;
+    encoder -> hidden states; encoder_decoder -> decoder logits), through the task's export head
+    (``ZooTask.export_head``: classifier logits, masked-LM logits, or the outputs unchanged)."""
 
     def __init__(self, task: ZooTask) -> None:
         super().__init__()
-        self.task, self.arch = task, task.model.config.arch
+        self.task, self.form = task, type(task.model)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, decoder_input_ids: Tensor | None = None) -> Tensor:
-        model = self.task.model
-        if self.arch == "decoder":
-            return model(input_ids, attention_mask)
-        if self.arch == "encoder_decoder":
-            return model(input_ids, decoder_input_ids, attention_mask)
-        if isinstance(self.task, ClassifierTask):
-            return self.task(input_ids, attention_mask)
-        hidden = model(input_ids, attention_mask)
-        return model.mlm_logits(hidden) if isinstance(self.task, MLMTask) else hidden
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
+        outputs = self.task.model(**{name: given[name] for name in self.form.input_names})
+        return self.task.export_head(outputs, attention_mask)
 
     def example_inputs(self, batch: int = 2, length: int = 16) -> dict[str, Tensor]:
-        vocab = self.task.model.config.vocab_size
-        g = torch.Generator().manual_seed(0)
-        inputs = {"input_ids": torch.randint(5, vocab, (batch, length), generator=g),
-                  "attention_mask": torch.ones(batch, length, dtype=torch.long)}
-        inputs["attention_mask"][0, length // 2 :] = 0  # exercise padding
-        if self.arch == "encoder_decoder":
-            inputs["decoder_input_ids"] = torch.randint(5, vocab, (batch, length - 3), generator=g)
-        return inputs
+        """The form's example inputs (``ZooModel.example_inputs``: padding in the first row)."""
+        return self.form.example_inputs(self.task.model.config, batch=batch, length=length)
 
 
 # ---- the destination folder ---------------------------------------------------------------------
@@ -78,8 +67,7 @@ def files_of(task: ZooTask, fmt: str) -> list[str]:
     """Every file an export of ``task`` in format ``fmt`` may write into its folder."""
     if fmt == "onnx":
         return ["config.json", "model.onnx", "model.onnx.data", "tokenizer.json"]
-    head = ["head.safetensors"] if isinstance(task, ClassifierTask) else []
-    return ["config.json", "model.safetensors", "config.yaml", "tokenizer.json", *head]
+    return ["config.json", "model.safetensors", "config.yaml", "tokenizer.json", *task.export_modules()]
 
 
 def exported_files(folder: Path) -> list[str] | None:
@@ -141,32 +129,24 @@ def _names(names: Sequence[str], limit: int = 4) -> str:
 
 # ---- the formats --------------------------------------------------------------------------------
 def export_safetensors(task: ZooTask, info: dict, out: Path) -> float:
-    """Write the safetensors folder (config.json, with its record, first) and return the max abs
-    difference of the reloaded model's outputs."""
+    """Write the safetensors folder (config.json, with its record, first; then the task's own
+    modules, e.g. a classifier's head.safetensors) and return the max abs difference of the
+    reloaded model's outputs."""
+    from safetensors.torch import save_model
+
     files = files_of(task, "safetensors")
-    extra = {"task": info["task"], **_labels(task), RECORD: export_record(out, "safetensors", files)}
-    if isinstance(task, ClassifierTask):
-        extra["pooling"] = task.pooling
+    extra = {"task": info["task"], **task.export_info("safetensors"), RECORD: export_record(out, "safetensors", files)}
     zoo.save_pretrained(task.model, out, extra=extra)
     atomic_write_text(out / "config.yaml", info["config_yaml"])
     with zoo.atomic_write(out / "tokenizer.json") as tmp:
         task.tokenizer.save(str(tmp))
-    if isinstance(task, ClassifierTask):
-        from safetensors.torch import save_model
-
-        with zoo.atomic_write(out / "head.safetensors") as tmp:
-            save_model(task.head, str(tmp))
+    for name, module in task.export_modules().items():
+        with zoo.atomic_write(out / name) as tmp:
+            save_model(module, str(tmp))
     reloaded = zoo.load_pretrained(out)
-    graph = ExportGraph(task)
-    args = _model_args(graph.arch, graph.example_inputs())
+    inputs = ExportGraph(task).example_inputs()
     with torch.no_grad():
-        return (task.model(*args) - reloaded(*args)).abs().max().item()
-
-
-def _model_args(arch: str, inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    if arch == "encoder_decoder":
-        return inputs["input_ids"], inputs["decoder_input_ids"], inputs["attention_mask"]
-    return inputs["input_ids"], inputs["attention_mask"]
+        return (task.model(**inputs) - reloaded(**inputs)).abs().max().item()
 
 
 def require_onnx() -> None:
@@ -218,8 +198,9 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
         program.save(Path(stage) / "model.onnx")  # + model.onnx.data when over torch's single-file limit
         staged = sorted(os.listdir(stage), key=lambda name: name == "model.onnx")
         record = export_record(out, "onnx", ["config.json", *staged, "tokenizer.json"])
-        atomic_write_text(out / "config.json", json.dumps({"model": task.model.config.to_dict(), "task": info["task"],
-                                                           **_labels(task), RECORD: record}, indent=2))
+        config = {"model": task.model.config.to_dict(), "task": info["task"], **task.export_info("onnx"),
+                  RECORD: record}
+        atomic_write_text(out / "config.json", json.dumps(config, indent=2))
         for name in staged:
             with zoo.atomic_write(out / name) as tmp:
                 shutil.copyfile(Path(stage) / name, tmp)
@@ -232,10 +213,6 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
     with torch.no_grad():
         want = graph(**check).numpy()
     return float(np.abs(got - want).max())
-
-
-def _labels(task: ZooTask) -> dict:
-    return {"label_names": task.label_names} if isinstance(task, ClassifierTask) else {}
 
 
 # ---- the verb -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""zoo-generate: what a checkpoint does with a prompt, by its task: continue it (generator),
-translate it (translator), label it (classifier) or fill its <mask> tokens (mlm).
+"""zoo-generate: what a checkpoint does with a prompt, as its task answers (``ZooTask.respond``):
+continue it (generator), translate it (translator), label it (classifier) or fill its <mask>
+tokens (mlm).
 
 ``prompt=`` passes through literally (``${...}`` is text, not an interpolation). A mistake (no or a
 damaged checkpoint, an empty prompt, a setting out of range) ends in one ``zoo: …`` line, exit 2; a
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 import zoo
-from tasks import ZooTask
+from tasks import TASKS, ZooTask
 from tasks.cli.common import conf_dir, literal, load_task, quote_free_text, user_errors
 from tasks.errors import UserError
 from zoo.generation import GenerationLimitWarning, PromptError
@@ -38,69 +38,21 @@ def prompt_of(task: ZooTask, cfg: DictConfig) -> str:
     return prompt
 
 
-def top_of(cfg: DictConfig) -> int:
-    """``top=``: how many labels or tokens to show, at least one."""
-    top = cfg.top
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise UserError(f"top={top!r} must be a whole number >= 1 (how many labels or tokens to show)")
-    return top
-
-
-def fitting_ids(task: ZooTask, prompt: str) -> list[int]:
-    """The prompt's token ids (special tokens included) for an encoder; a UserError when they are
-    more than its positions can number."""
-    ids = task.tokenizer.encode(prompt).ids
-    limit = task.model.max_positions
-    if limit is not None and len(ids) > limit:
-        raise UserError(f"prompt= is {len(ids)} tokens long but this model numbers at most {limit} positions "
-                        f"(max_seq_len); shorten it")
-    return ids
-
-
-def continue_text(task: ZooTask, prompt: str, cfg: DictConfig) -> str:
-    sampling = dict(do_sample=True, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p) \
-        if cfg.do_sample else dict(do_sample=False)
-    return task.generate_text(prompt, cfg.max_new_tokens, seed=cfg.seed, **sampling)
-
-
-def translate(task: ZooTask, prompt: str, cfg: DictConfig) -> str:
-    task.num_beams, task.max_new_tokens = cfg.num_beams, cfg.max_new_tokens
-    return task.translate([prompt])[0]
-
-
-def classify(task: ZooTask, prompt: str, cfg: DictConfig) -> str:
-    probs = task(torch.tensor([fitting_ids(task, prompt)])).softmax(-1)[0]
-    top = probs.topk(min(top_of(cfg), len(probs)))
-    return "\n".join(f"{task.label_names[int(i)]}\t{float(p):.3f}" for p, i in zip(top.values, top.indices,
-                                                                                     strict=True))
-
-
-def fill_mask(task: ZooTask, prompt: str, cfg: DictConfig) -> str:
-    top = top_of(cfg)
-    fitting_ids(task, prompt)
-    filled = task.fill_mask(prompt, top_k=top)
-    if not filled:
-        return "no <mask> token in the prompt"
-    return "\n".join(f"<mask> #{n + 1}: " + ", ".join(f"{tok} ({p:.3f})" for tok, p in options)
-                     for n, options in enumerate(filled))
-
-
-ANSWERS: dict[str, Callable[[ZooTask, str, DictConfig], str]] = {
-    "generator": continue_text, "translator": translate, "classifier": classify, "mlm": fill_mask}
-"""How each task answers a prompt, by the task name a checkpoint records."""
+SETTINGS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_beams", "repetition_penalty",
+            "no_repeat_ngram_size", "top", "seed")
+"""The settings of conf/generate.yaml that go to ``ZooTask.respond``; each task reads those it needs."""
 
 
 @torch.no_grad()
 def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
-    """The answer of ``task`` to ``cfg.prompt``; a UserError for a task zoo-generate cannot answer
-    and for a prompt the model cannot read."""
-    answer = ANSWERS.get(task_name)
-    if answer is None:
-        raise UserError(f"the checkpoint's task {task_name!r} is not one zoo-generate answers ({', '.join(ANSWERS)});"
+    """The answer of ``task`` to ``cfg.prompt`` (``ZooTask.respond``); a UserError for a task zoo-generate
+    does not know and for a prompt the model cannot read."""
+    if task_name not in TASKS:
+        raise UserError(f"the checkpoint's task {task_name!r} is not one zoo-generate answers ({', '.join(TASKS)});"
                         f" pass a checkpoint of one of those")
     prompt = prompt_of(task, cfg)
     try:
-        return answer(task, prompt, cfg)
+        return task.respond(prompt, **{key: cfg[key] for key in SETTINGS})
     except PromptError as error:
         raise UserError(f"prompt=: {error}") from None
 
