@@ -157,10 +157,10 @@ def check_values(cfg: DictConfig) -> None:
 
 def task_class(target: str) -> type[ZooTask]:
     """The task class a config names, among zoo's own tasks only."""
-    for cls in TASKS.values():
+    for cls in map(TASKS.get, TASKS.names()):
         if target in (f"{cls.__module__}.{cls.__name__}", f"tasks.{cls.__name__}"):
             return cls
-    raise zoo.ConfigError(f"task._target_={target!r} is not a zoo task; choose one of {sorted(TASKS)}")
+    raise zoo.ConfigError(f"task._target_={target!r} is not a zoo task; choose one of {TASKS.names()}")
 
 
 def run_info(cfg: DictConfig, task_name: str) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def run_info(cfg: DictConfig, task_name: str) -> dict[str, Any]:
 def load_task(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask, dict[str, Any]]:
     """Rebuild a trained task from its checkpoint alone, through zoo's one weights-only loader."""
     checkpoint = read_checkpoint(ckpt_path, map_location=map_location)
-    task = TASKS[checkpoint["zoo_run"]["task"]].from_checkpoint(checkpoint, source=f"ckpt_path={ckpt_path}")
+    task = TASKS.get(checkpoint["zoo_run"]["task"]).from_checkpoint(checkpoint, source=f"ckpt_path={ckpt_path}")
     return task.eval(), checkpoint["zoo_run"]
 
 
@@ -209,7 +209,7 @@ def layout_problem(checkpoint: Any) -> str | None:
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"{key} is {type(value).__name__}, not {kind.__name__}"
     if checkpoint["zoo_run"]["task"] not in TASKS:
-        return f"zoo_run.task={checkpoint['zoo_run']['task']!r} is not one of {sorted(TASKS)}"
+        return f"zoo_run.task={checkpoint['zoo_run']['task']!r} is not one of {TASKS.names()}"
     bad = next((k for k, v in checkpoint["state_dict"].items()
                 if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
     if bad is not None:

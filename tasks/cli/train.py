@@ -64,7 +64,7 @@ def train(cfg: DictConfig) -> float | None:
         check_same_model(model_cfg, resume, cfg.ckpt_path)
     task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
                        tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(), _convert_="all")
-    task.run_info = run_info(cfg, task_name=next(k for k, v in TASKS.items() if type(task) is v))
+    task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
     if start:
         task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
     if cfg.compile:
