@@ -22,19 +22,25 @@ from tasks.errors import UserError
 STAGES = ("train", "val", "test")
 
 
+SCHEDULE_KEYS = ("warmup_steps", "min_lr_ratio")  # the scheduler's, in the optimizer settings of older checkpoints
+
+
 class ZooTask(L.LightningModule):
     """Base task. ``model`` is a full ModelConfig as a plain dict (what ``save_hyperparameters``
     stores), so ``Task.load_from_checkpoint(path)`` rebuilds the model with no conf/ present."""
 
     forms: ClassVar[tuple[str, ...]] = ()  # architecture forms the task can train
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None) -> None:
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any] | None = None,
+                 tokenizer_json: str | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_json"])
         cfg = zoo.ModelConfig.from_dict(dict(model))
         self.check_model_config(cfg)
         self.model = zoo.build_model(cfg)
         self.optimizer_settings = dict(optimizer)
+        moved = {k: self.optimizer_settings.pop(k) for k in SCHEDULE_KEYS if k in self.optimizer_settings}
+        self.scheduler_settings = {**moved, **(scheduler or {})}  # conf/scheduler: warmup then cosine decay
         self.tokenizer_json = tokenizer_json
         self.run_info: dict[str, Any] | None = None  # set by zoo-train; stored in checkpoints as plain data
 
@@ -211,11 +217,10 @@ class ZooTask(L.LightningModule):
 
     # ---- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        settings = dict(self.optimizer_settings)
-        warmup, min_ratio = settings.pop("warmup_steps"), settings.pop("min_lr_ratio")
-        optimizer = adamw(self, **settings)
+        optimizer = adamw(self, **self.optimizer_settings)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, min_ratio))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(
+            self.scheduler_settings["warmup_steps"], total, self.scheduler_settings["min_lr_ratio"]))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 

@@ -224,6 +224,6 @@ def _diverged(trainer: L.Trainer, what: str) -> str:
     bad = non_finite(trainer.lightning_module.state_dict())
     weights = f"the weights are no longer finite ({bad})" if bad else "stopped before the weights became NaN"
     return (f"training diverged at step {trainer.global_step + 1}: {what}; {weights}; {keep} (checkpoints of "
-            f"non-finite weights are never written). Lower optimizer.lr, raise optimizer.warmup_steps or keep "
+            f"non-finite weights are never written). Lower optimizer.lr, raise scheduler.warmup_steps or keep "
             f"trainer.gradient_clip_val")
 

@@ -17,9 +17,10 @@ POOLINGS = ("cls", "mean")
 class ClassifierTask(ZooTask):
     forms = ("encoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], label_names: list[str],
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
+                 scheduler: dict[str, Any] | None = None, label_names: list[str],
                  pooling: str = "cls", head_dropout: float = 0.1, tokenizer_json: str | None = None) -> None:
-        super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {POOLINGS}")
         self.label_names, self.pooling = list(label_names), pooling

@@ -17,9 +17,10 @@ from tasks.base import ZooTask
 class GeneratorTask(ZooTask):
     forms = ("decoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None,
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
+                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
                  sample_prompt: str = "def", sample_tokens: int = 48, sample_temperature: float = 0.8) -> None:
-        super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
         self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
         self.sample_temperature = sample_temperature
         self.samples: list[str] = []

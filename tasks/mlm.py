@@ -16,8 +16,9 @@ from tasks.base import ZooTask, top_count
 class MLMTask(ZooTask):
     forms = ("encoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], tokenizer_json: str | None = None) -> None:
-        super().__init__(model=model, optimizer=optimizer, tokenizer_json=tokenizer_json)
+    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
+                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None) -> None:
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
         self.add_metrics()
 
     @classmethod

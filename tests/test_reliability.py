@@ -256,7 +256,7 @@ def test_the_checkpoint_writer_refuses_nan_weights_and_removes_only_its_own_file
 
 # ---- 4. divergence ---------------------------------------------------------------------------------
 def test_a_diverging_run_stops_naming_the_step_and_keeps_no_nan_checkpoint(tmp_path):
-    cfg = compose_train("gpt_generator", tmp_path, "optimizer.lr=1e4", "optimizer.warmup_steps=1",
+    cfg = compose_train("gpt_generator", tmp_path, "optimizer.lr=1e4", "scheduler.warmup_steps=1",
                         "trainer.gradient_clip_val=0", "trainer.max_steps=40", "test=false")
     with pytest.raises(DivergedError, match=r"training diverged at step \d+") as error:
         train(cfg)

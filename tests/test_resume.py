@@ -246,7 +246,7 @@ def test_a_killed_run_resumes_bit_for_bit(experiment, tmp_path):
 def test_a_finished_run_extended_with_more_steps_repeats_the_longer_run(tmp_path):
     """Resuming the final last.ckpt of a 5-step run with trainer.max_steps=8 gives the losses of an
     8-step run (a long warmup keeps the learning rate independent of max_steps)."""
-    run = ["model.dropout=0.1", "optimizer.warmup_steps=100", *RUNS["gpt_generator"]]
+    run = ["model.dropout=0.1", "scheduler.warmup_steps=100", *RUNS["gpt_generator"]]
     whole = _losses("gpt_generator", tmp_path / "whole", *run, "trainer.max_steps=8")
     _losses("gpt_generator", tmp_path / "short", *run, "trainer.max_steps=5")
     last = tmp_path / "short" / "checkpoints" / "last.ckpt"

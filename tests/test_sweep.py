@@ -32,7 +32,7 @@ TINY = ["experiment=gpt_generator", "data.source_args.max_files=40", "data.vocab
         "trainer.num_sanity_val_steps=0", "test=false", "task.sample_tokens=4", "callbacks.rich_progress_bar=null",
         "callbacks.rich_model_summary=null", "callbacks.throughput=null"]
 SEARCH = ["hydra/sweeper=zoo_optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
-          "optimizer.warmup_steps=choice(0, 2)", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=0"]
+          "scheduler.warmup_steps=choice(0, 2)", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=0"]
 
 
 def test_params_syntax_becomes_optuna_distributions():
@@ -41,7 +41,7 @@ def test_params_syntax_becomes_optuna_distributions():
               "+extra": "tag(int, interval(1, 8))", "data.fraction": "range(0.1, 0.5, 0.1)",
               "trainer.max_steps": 5, "seed": "choice(1, 2)"}
     space = SearchSpace.parse(params, ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'",
-                                       "optimizer.warmup_steps=0,10"])
+                                       "scheduler.warmup_steps=0,10"])
     dists = space.distributions()
     assert dists["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
     assert dists["model.n_layers"] == IntDistribution(1, 3)  # range's stop is exclusive, Optuna's high is not
@@ -50,12 +50,12 @@ def test_params_syntax_becomes_optuna_distributions():
     assert dists["model.dropout"] == FloatDistribution(0.0, 0.2)
     assert dists["extra"] == IntDistribution(1, 8)  # named by its key, overridden as +extra
     assert dists["data.fraction"].step == pytest.approx(0.1) and dists["data.fraction"].high == pytest.approx(0.4)
-    assert dists["optimizer.warmup_steps"] == CategoricalDistribution([0, 10])  # a command-line sweep joins
+    assert dists["scheduler.warmup_steps"] == CategoricalDistribution([0, 10])  # a command-line sweep joins
     assert "seed" not in dists  # a fixed command-line value wins over a searched param
     assert space.fixed == ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'"]
 
     values = {"optimizer.lr": 3.1e-4, "model.n_layers": 2, "model/position": "alibi", "model.d_model": 64,
-              "model.dropout": 0.1, "extra": 5, "data.fraction": 0.2, "optimizer.warmup_steps": 10}
+              "model.dropout": 0.1, "extra": 5, "data.fraction": 0.2, "scheduler.warmup_steps": 10}
     overrides = OverridesParser.create().parse_overrides(space.overrides(values))
     parsed = {o.key_or_group: o.value() for o in overrides}
     assert values.items() <= parsed.items()  # every value survives the trip
@@ -199,7 +199,7 @@ def test_report_on_an_optuna_sweep(resumed, capsys):
     assert f"interrupted, retried as trial {retry} |" in table
     best = study.best_trial
     assert f"| {best.number} ★ | COMPLETE | {best.value:.4g} |" in table
-    for name in ("optimizer.lr", "optimizer.warmup_steps"):
+    for name in ("optimizer.lr", "scheduler.warmup_steps"):
         png = root / "second" / f"sweep_{name}.png"
         assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
 

@@ -13,7 +13,7 @@ UNITS = 12  # 3 depths x 2 placements x 2 warmups
 CLAIM = ("Post-Norm trains less stably and deep Post-Norm networks diverge easily; Pre-Norm's clean residual path "
          "lets a network go deeper without lowering the learning rate (article section 5).")
 SETUP = ("`zoo-train experiment=ablation_norm model/norm_placement=<pre|post> model.n_layers=<d> "
-         "optimizer.warmup_steps=<0|30>`: gpt-tiny layout at d_model 64, 4 heads, lr 3e-3 (AdamW, cosine decay), no "
+         "scheduler.warmup_steps=<0|30>`: gpt-tiny layout at d_model 64, 4 heads, lr 3e-3 (AdamW, cosine decay), no "
          "gradient clipping, 150 steps of 16 x 64 tokens. Diverged = a non-finite loss, or the mean of the last three "
          "logged losses above the first.")
 HEADERS = ["layers", "placement", "warmup steps", "first loss", "max loss after it", "last loss", "val loss",
@@ -42,7 +42,7 @@ def run(ctx: Context) -> Result:
                 ctx.step(f"2: train {placement}-norm, {depth} layers, warmup {warmup}")
                 run_dir = train_run(ctx, "ablation_norm", name, [f"model/norm_placement={placement}",
                                                                  f"model.n_layers={depth}",
-                                                                 f"optimizer.warmup_steps={warmup}"])
+                                                                 f"scheduler.warmup_steps={warmup}"])
                 curves[name] = read_metrics(run_dir, "train/loss")
                 rows.append(_row(depth, placement, warmup, curves[name], read_metrics(run_dir, "val/loss")))
     figure = _figure(ctx, curves, depths, warmups)

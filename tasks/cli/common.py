@@ -117,10 +117,10 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
 
 POSITIVE = ("optimizer.lr", "data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.val_check_interval",
             "trainer.log_every_n_steps", "trainer.accumulate_grad_batches", "data.vocab_size")
-NON_NEGATIVE = ("optimizer.warmup_steps", "optimizer.weight_decay", "optimizer.eps", "trainer.gradient_clip_val",
-                "trainer.num_sanity_val_steps", "data.num_workers", "optimizer.min_lr_ratio")
+NON_NEGATIVE = ("scheduler.warmup_steps", "optimizer.weight_decay", "optimizer.eps", "trainer.gradient_clip_val",
+                "trainer.num_sanity_val_steps", "data.num_workers", "scheduler.min_lr_ratio")
 WHOLE = ("data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.log_every_n_steps",
-         "trainer.accumulate_grad_batches", "data.vocab_size", "optimizer.warmup_steps", "trainer.num_sanity_val_steps",
+         "trainer.accumulate_grad_batches", "data.vocab_size", "scheduler.warmup_steps", "trainer.num_sanity_val_steps",
          "data.num_workers")
 MAX_VOCAB = 1 << 22  # 4,194,304: beyond any tokenizer in use (the largest are ~256k); training one would not fit
 
@@ -139,8 +139,8 @@ def check_values(cfg: DictConfig) -> None:
             continue
         if (value <= 0 and key in POSITIVE) or value < 0:
             raise zoo.ConfigError(f"{key}={value} must be {'> 0' if key in POSITIVE else '>= 0'}")
-    if OmegaConf.select(cfg, "optimizer.min_lr_ratio", default=0) > 1:
-        raise zoo.ConfigError(f"optimizer.min_lr_ratio={cfg.optimizer.min_lr_ratio} must be at most 1 (a fraction of "
+    if OmegaConf.select(cfg, "scheduler.min_lr_ratio", default=0) > 1:
+        raise zoo.ConfigError(f"scheduler.min_lr_ratio={cfg.scheduler.min_lr_ratio} must be at most 1 (a fraction of "
                               f"optimizer.lr)")
     betas = OmegaConf.select(cfg, "optimizer.betas", default=None)
     if betas is not None and (len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)):

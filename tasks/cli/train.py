@@ -62,13 +62,7 @@ def train(cfg: DictConfig) -> float | None:
     model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes()))
     if resume:
         check_same_model(model_cfg, resume, cfg.ckpt_path)
-    task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
-                       tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(), _convert_="all")
-    task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
-    if start:
-        task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
-    if cfg.compile:
-        task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
+    task = build_task(cfg, model_cfg, datamodule, start)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
@@ -104,6 +98,21 @@ def train(cfg: DictConfig) -> float | None:
                   (cfg.monitor.metric, float(score)) if score is not None else None)
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
+
+
+def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, start: dict | None) -> Any:
+    """The task ``cfg.task`` names, on the data's tokenizer and sizes; its weights from ``init_from``
+    when given; compiled when asked."""
+    scheduler = OmegaConf.to_container(cfg.scheduler) if "scheduler" in cfg else None  # None: a run of 0.x resumed
+    task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
+                       scheduler=scheduler, tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(),
+                       _convert_="all")
+    task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
+    if start:
+        task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
+    if cfg.compile:
+        task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
+    return task
 
 
 def train_or_resume(cfg: DictConfig) -> float | None:
