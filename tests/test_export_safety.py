@@ -22,12 +22,10 @@ from test_launchers import TINY as LAUNCHER_TINY
 import zoo
 from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
 from tasks.cli import export
-from tasks.cli.common import conf_dir, load_task, register_model_schema
+from tasks.cli.common import conf_dir, load_task
 from tasks.cli.train import train
 from tasks.errors import UserError
 from zoo.pretrained import check_weights, safetensors_shapes
-
-register_model_schema()
 
 TINY = [o.replace("trainer.max_steps=4", "trainer.max_steps=2") for o in LAUNCHER_TINY]  # two steps suffice
 

@@ -10,9 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
-from tasks.cli.common import conf_dir, register_model_schema
-
-register_model_schema()
+from tasks.cli.common import conf_dir
 
 TINY = ["experiment=gpt_generator", "data.source_args.max_files=40", "data.vocab_size=300", "data.seq_len=32",
         "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4",

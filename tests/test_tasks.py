@@ -17,10 +17,8 @@ from hydra import compose, initialize_config_dir
 
 import zoo
 from tasks import TASKS
-from tasks.cli.common import conf_dir, load_task, register_model_schema
+from tasks.cli.common import conf_dir, load_task
 from tasks.cli.train import train
-
-register_model_schema()
 
 TINY = {  # shrink each experiment to seconds: small data, a few steps
     "gpt_generator": ["data.source_args.max_files=40", "data.vocab_size=300", "data.seq_len=32",

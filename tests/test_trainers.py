@@ -6,9 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 import zoo
-from tasks.cli.common import conf_dir, register_model_schema
-
-register_model_schema()
+from tasks.cli.common import conf_dir
 
 
 def _trainer_cfg(name: str):
