@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
+from torchmetrics import Metric, MetricCollection
 
 import zoo
 from tasks.errors import DivergedError
@@ -107,7 +108,14 @@ class ProgressBar(RichProgressBar):
 class ModelSummary(RichModelSummary):
     """Lightning's rich model summary without its FLOPs, which count a forward of an example input
     that zoo's tasks do not define (so they always read 0; ``zoo.stats`` gives FLOPs per token), and
-    without the train/eval mode of each module; the parameter counts on one line."""
+    without the train/eval mode of each module, and without the metric collections (no parameters;
+    their values are in the progress bar and metrics.csv); the parameter counts on one line."""
+
+    def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        summary = super()._summary(trainer, pl_module)
+        summary._layer_summary = {name: layer for name, layer in summary._layer_summary.items()
+                                  if not isinstance(layer._module, Metric | MetricCollection)}
+        return summary
 
     @staticmethod
     def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,

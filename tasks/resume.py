@@ -2,7 +2,7 @@
 steps an uninterrupted run takes after k.
 
 Three things must come back: the weights and optimizer (Lightning), the place in the data
-(``tasks.data.modules.ResumableLoader``, whose state Lightning keeps in the checkpoint), and the
+(``tasks.data.loading.ResumableLoader``, whose state Lightning keeps in the checkpoint), and the
 global random states that dropout draws from (``ResumeState`` here).
 """
 

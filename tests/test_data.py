@@ -11,7 +11,8 @@ import torch
 import zoo
 from tasks.cli.common import conf_dir
 from tasks.data import LMDataModule, MLMDataModule, TranslationDataModule
-from tasks.data.modules import IGNORE, BucketBatchSampler
+from tasks.data.loading import BucketBatchSampler
+from tasks.data.modules import IGNORE
 from tasks.data.sources import local_records, number_pairs, split_of, stdlib_docstrings
 from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, train_tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_tasks import STEPS, TINY
 
-from tasks.data.modules import BucketBatchSampler
+from tasks.data.loading import BucketBatchSampler
 
 pytestmark = pytest.mark.slow
 

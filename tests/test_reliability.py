@@ -398,10 +398,12 @@ def test_eval_and_attention_never_write_into_a_training_run_or_a_users_folder(gp
 def test_a_resume_into_its_own_directory_keeps_the_first_commands_record(tmp_path):
     run_dir = tmp_path / "run"
     first = run("train", *GPT, "test=false", f"hydra.run.dir={run_dir}", cwd=tmp_path,
-                extra=["++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}"])
+                extra=["++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}",
+                       "++callbacks.rich_model_summary={_target_:tasks.callbacks.ModelSummary}"])
     assert first.returncode == 0, first.stderr[-3000:]
-    for noise in ("litlogger", "`weights_only` was not set", "Epoch 0/-2", "v_num", "FLOPs"):  # nothing to act on
-        assert noise not in first.stdout + first.stderr, noise
+    assert "DecoderModel" in first.stdout  # the model summary is printed, without the rows below
+    for noise in ("litlogger", "`weights_only` was not set", "Epoch 0/-2", "v_num", "FLOPs", "MetricCollection"):
+        assert noise not in first.stdout + first.stderr, noise  # nothing to act on
     assert not (run_dir / "train.log").exists()  # Hydra's job log stayed empty: there is none
     before = digest(run_dir)
     last = run_dir / "checkpoints" / "last.ckpt"

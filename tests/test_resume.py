@@ -18,7 +18,7 @@ import torch
 from test_tasks import compose_train
 
 from tasks.cli.train import train
-from tasks.data.modules import BucketBatchSampler, ListDataset, ResumableLoader, ShuffledBatchSampler
+from tasks.data.loading import BucketBatchSampler, ListDataset, ResumableLoader, ShuffledBatchSampler
 from tasks.resume import ResumeState
 
 LENGTHS = [(i * 37) % 101 + 1 for i in range(203)]  # 203: no world size below divides it

@@ -1,0 +1,296 @@
+"""Reading the user's data: local files (.txt by zoo, line by line; .csv, .json/.jsonl and .parquet through
+HF ``datasets``) and hub datasets. Every mistake in the data is a DataError that names the file and the fix;
+a full disk is not the data's fault and is raised as it is."""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tasks.errors import DataError
+
+# ---- local files ---------------------------------------------------------------------------------
+READERS = {".txt": "text", ".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+"""Data file suffix -> how it is read: .txt by zoo (line by line), the others by HF ``datasets``."""
+DATA_TYPES = ", ".join(READERS)
+MAX_RECORD_CHARS = 1 << 20
+"""A longer line of a .txt file becomes several records of at most this many characters."""
+CHUNK_BYTES = 1 << 20  # .txt files are read this much at a time
+HEAD_BYTES = 1 << 13  # how much of a csv/json/parquet file is checked before HF datasets reads it
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # writing HF datasets' cache failed
+
+
+def local_records(path: str | Path, **fields: str) -> list[dict[str, Any]]:
+    """Records from a local file or folder of one type: .txt (one record per line), .csv, .json/.jsonl
+    or .parquet (one per row, through HF ``datasets``). Hidden files and folders (.DS_Store, .git/)
+    are skipped; any other file must be data. Bad data raises a DataError naming the file.
+
+    ``fields`` renames columns, e.g. ``text="sentence", label="category"``; txt files give ``text``.
+    """
+    shown = f"data.source_args.path={path}"
+    files = _data_files(Path(path).expanduser(), shown)
+    reader = READERS[files[0].suffix.lower()]
+    for file in files if reader != "text" else ():  # zoo checks .txt files as it reads them
+        _check_head(file, reader)
+    origin = str(files[0]) if len(files) == 1 else f"the {len(files)} {reader} files of {path}"
+    if reader == "text":
+        records = _records(({"text": line} for file in files for line in _lines(file)), ["text"], fields, origin)
+    else:
+        dataset = _read_with_datasets(reader, files)
+        records = _records(dataset, dataset.column_names, fields, origin)
+    if not records:
+        raise DataError(f"{shown}: no records in {origin}; point it at your data")
+    return records
+
+
+def _data_files(path: Path, shown: str) -> list[Path]:
+    """The non-empty data files at ``path`` (a file or a folder), all of one reader."""
+    if not path.exists():
+        raise DataError(f"{shown}: no such file or folder; point it at your data (a file or a folder of "
+                        f"{DATA_TYPES} files)")
+    if not path.is_file() and not path.is_dir():
+        raise DataError(f"{shown}: not a regular file or folder; point it at your data")
+    files = [path] if path.is_file() else _visible_files(path)
+    unknown = [f for f in files if f.suffix.lower() not in READERS]
+    if unknown and path.is_file():
+        raise DataError(f"{shown}: {path.suffix or 'a file without a suffix'} is not a data type zoo reads "
+                        f"({DATA_TYPES}); convert it to one of them")
+    if unknown:
+        what = "is not a data file" if len(unknown) == 1 else "are not data files"
+        raise DataError(f"{shown}: {_some(str(f.relative_to(path)) for f in unknown)} in the folder {what} "
+                        f"({DATA_TYPES}); move them out or point path at one file")
+    if not files:
+        raise DataError(f"{shown}: the folder holds no data files ({DATA_TYPES}); point it at your data")
+    files = [f for f in files if f.stat().st_size > 0]
+    if not files:
+        what = "the file is empty" if path.is_file() else "every data file in the folder is empty"
+        raise DataError(f"{shown}: {what}; point it at your data")
+    kinds: dict[str, list[str]] = {}
+    for f in files:
+        kinds.setdefault(READERS[f.suffix.lower()], []).append(f.suffix.lower())
+    if len(kinds) > 1:
+        mix = ", ".join(f"{len(s)} {'/'.join(sorted(set(s)))}" for s in kinds.values())
+        raise DataError(f"{shown}: the folder mixes file types ({mix}); zoo reads one type per source: point "
+                        f"path at a folder (or a file) of one type")
+    return files
+
+
+def _visible_files(folder: Path) -> list[Path]:
+    """Files under ``folder`` in sorted order, without hidden files and folders (.DS_Store, .git/)."""
+
+    def refuse(error: OSError) -> None:
+        raise DataError(f"{error.filename}: cannot read this folder ({error.strerror}); fix its permissions or "
+                        f"point data.source_args.path elsewhere")
+
+    files = []
+    for root, dirs, names in os.walk(folder, onerror=refuse):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files += [Path(root, name) for name in names if not name.startswith(".")]
+    return sorted(f for f in files if f.is_file())
+
+
+def _some(names: Iterable[str], shown: int = 5) -> str:
+    names = list(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _open(file: Path) -> BinaryIO:
+    try:
+        return file.open("rb")
+    except OSError as error:
+        raise DataError(f"{file}: cannot read it ({error.strerror}); fix its permissions or move it out") from None
+
+
+def _check_head(file: Path, reader: str) -> None:
+    """Refuse a file that is plainly not of its type: binary or non-UTF-8 text, or parquet without PAR1."""
+    with _open(file) as f:
+        head = f.read(HEAD_BYTES)
+    if reader == "parquet":
+        if not head.startswith(b"PAR1"):
+            raise DataError(f"{file}: not a parquet file (it does not start with PAR1); convert it or rename it")
+        return
+    _decode(file, codecs.getincrementaldecoder("utf-8")(), head, 0, final=len(head) < HEAD_BYTES)
+
+
+def _decode(file: Path, decoder: codecs.IncrementalDecoder, chunk: bytes, offset: int, *, final: bool) -> str:
+    """``chunk`` (read at byte ``offset``) as UTF-8 text; a DataError at a NUL byte or a non-UTF-8 byte."""
+    nul = chunk.find(b"\x00")
+    if nul >= 0:
+        raise DataError(f"{file}: a NUL byte at byte {offset + nul}: a binary (or UTF-16) file, not UTF-8 text; "
+                        f"remove it or save it as UTF-8 text")
+    pending = len(decoder.getstate()[0])  # bytes of a character begun in the previous chunk
+    try:
+        return decoder.decode(chunk, final)
+    except UnicodeDecodeError as error:
+        at = offset - pending + error.start
+        raise DataError(f"{file}: byte {at} (0x{error.object[error.start]:02x}) is not UTF-8 text; save the file "
+                        f"as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it") from None
+
+
+def _decoded(file: Path) -> Iterator[str]:
+    """The text of a UTF-8 file, read CHUNK_BYTES at a time (a leading byte order mark dropped)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with _open(file) as f:
+        while chunk := f.read(CHUNK_BYTES):
+            text = _decode(file, decoder, chunk, offset, final=False)
+            yield text.removeprefix("\ufeff") if offset == 0 else text
+            offset += len(chunk)
+        yield _decode(file, decoder, b"", offset, final=True)
+
+
+def _lines(file: Path) -> Iterator[str]:
+    """Lines of a text file split at \\n, \\r\\n or \\r (as HF datasets' text reader does), in bounded
+    memory: a line longer than MAX_RECORD_CHARS comes out in pieces as it is read."""
+    rest = ""
+    for text in _decoded(file):
+        text = rest + text
+        held = "\r" if text.endswith("\r") else ""  # maybe the first half of \r\n
+        *lines, rest = text.removesuffix(held).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        for line in lines:
+            pieces, last = _cut(line)
+            yield from pieces
+            yield last
+        pieces, rest = _cut(rest)
+        yield from pieces
+        rest += held
+    if rest:  # a last line without a line break, or an empty one ended by \r
+        yield rest.removesuffix("\r")
+
+
+def _cut(text: str) -> tuple[list[str], str]:
+    """``text`` cut into pieces of at most MAX_RECORD_CHARS characters (after a space in the second half
+    of a piece where there is one): the full pieces, and the rest (no longer than a piece)."""
+    limit, start, pieces = MAX_RECORD_CHARS, 0, []
+    while len(text) - start > limit:
+        cut = text.rfind(" ", start + limit // 2, start + limit) + 1 or start + limit
+        pieces.append(text[start:cut])
+        start = cut
+    return pieces, text[start:]
+
+
+def _read_with_datasets(reader: str, files: list[Path]) -> Any:
+    """``files`` as one HF ``datasets`` Dataset; when they cannot be read, a DataError naming the file
+    (and for JSON the line) at fault."""
+    try:
+        return _load_quietly(reader, files)
+    except Exception as error:
+        if _disk_error(error):
+            raise
+        for file in files:
+            _diagnose(reader, file, alone=len(files) > 1)
+        where = files[0] if len(files) == 1 else f"the {reader} files of {files[0].parent}"
+        raise DataError(f"{where}: HF datasets cannot read {'it' if len(files) == 1 else 'them together'} "
+                        f"({_cause(error)}); fix the data or point data.source_args.path at other files") from error
+
+
+def _load_quietly(reader: str, files: list[Path]) -> Any:
+    """load_dataset without its progress bars and error logs (a failure is reported in one line)."""
+    import datasets
+
+    verbosity, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(reader, data_files=[str(f) for f in files], split="train")
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _diagnose(reader: str, file: Path, *, alone: bool) -> None:
+    """Raise a DataError naming what is wrong with ``file``, if this finds it: not UTF-8, a JSON line
+    that does not parse, or (``alone``) a file HF datasets cannot read by itself."""
+    if reader in ("csv", "json"):
+        for _ in _decoded(file):
+            pass
+    if reader == "json":
+        _check_json(file)
+    if alone:
+        try:
+            _load_quietly(reader, [file])
+        except Exception as error:
+            if _disk_error(error):
+                raise
+            raise DataError(f"{file}: HF datasets cannot read it ({_cause(error)}); fix the file or move it "
+                            f"out") from error
+
+
+def _check_json(file: Path) -> None:
+    """A DataError at the first line of a JSON Lines file that is not a JSON object (a .json file may
+    also be one JSON document)."""
+    if file.suffix.lower() == ".json":
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+            return
+        except json.JSONDecodeError as error:
+            if not error.msg.startswith("Extra data"):  # more than one document: JSON Lines
+                raise DataError(f"{file} line {error.lineno}: not valid JSON ({error.msg}); fix it") from None
+    with file.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{file} line {number}: not valid JSON ({error.msg}); fix or remove the line "
+                                f"(JSON Lines: one object per line)") from None
+            if not isinstance(value, dict):
+                raise DataError(f"{file} line {number}: a JSON {type(value).__name__}, not an object; write one "
+                                f'object per line, e.g. {{"text": "..."}}')
+
+
+def _cause(error: BaseException) -> str:
+    """The first line of the error under HF datasets' wrapper, e.g. pandas' or pyarrow's."""
+    chain = [error]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
+        chain.append(nxt)
+    inner = next((e for e in chain if not type(e).__module__.startswith("datasets")), error)
+    lines = str(inner).strip().splitlines() or [type(inner).__name__]
+    return lines[0][:300]
+
+
+def _disk_error(error: BaseException) -> bool:
+    """Whether writing the datasets cache failed (the verb reports a full disk itself)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in DISK_ERRNOS:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dict[str, str],
+             origin: str) -> list[dict[str, Any]]:
+    """Records {key, ...}: the rows with ``fields`` renamed (ours=theirs), or whole when none are given."""
+    for ours, theirs in fields.items():
+        if theirs not in columns:
+            raise DataError(f"data.source_args.{ours}={theirs}: no column {theirs!r} in {origin} (columns: "
+                            f"{', '.join(map(str, columns))}); set data.source_args.{ours}=<one of them>")
+    records = []
+    for i, row in enumerate(rows):
+        record = {ours: row[theirs] for ours, theirs in fields.items()} if fields else dict(row)
+        record.setdefault("key", json.dumps(row, sort_keys=True, default=str)[:200] + f"#{i}")
+        records.append(record)
+    return records
+
+
+# ---- the hub -----------------------------------------------------------------------------------
+def hub_records(name: str, split: str = "train", subset: str | None = None, **fields: str) -> list[dict[str, Any]]:
+    """Records of a dataset on the Hugging Face hub (needs network access the first time)."""
+    from datasets import load_dataset
+
+    try:
+        dataset = load_dataset(name, subset, split=split)
+    except Exception as error:
+        if _disk_error(error):
+            raise
+        raise DataError(f"data.source_args.name={name}: the hub dataset cannot be loaded ({_cause(error)}); check "
+                        f"name, subset and split, and that this machine is online (or has it cached)") from error
+    return _records(dataset, dataset.column_names, fields, f"hub dataset {name!r}")
