@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 
 import zoo
+from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
 
 STAGES = ("train", "val", "test")
@@ -43,6 +44,7 @@ class ZooTask(L.LightningModule):
         self.scheduler_settings = {**moved, **(scheduler or {})}  # conf/scheduler: warmup then cosine decay
         self.tokenizer_json = tokenizer_json
         self.run_info: dict[str, Any] | None = None  # set by zoo-train; stored in checkpoints as plain data
+        self.specials: dict[str, Any] | None = None  # the tokenizer's special ids when not zoo's own (an HF folder's)
 
     @classmethod
     def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
@@ -61,6 +63,11 @@ class ZooTask(L.LightningModule):
         if self.tokenizer_json is None:
             raise RuntimeError("this task has no tokenizer (it is stored in checkpoints by training)")
         return Tokenizer.from_str(self.tokenizer_json)
+
+    @property
+    def special_tokens(self) -> Specials:
+        """Where the tokenizer's special tokens are: zoo's own ids, or those an HF folder's tokenizer recorded."""
+        return Specials.from_record(self.specials) if self.specials else Specials.zoo()
 
     def log_text(self, text: str) -> None:
         """Print a sample and keep it in <run dir>/samples.txt (text does not fit the metric loggers)."""
@@ -139,15 +146,28 @@ class ZooTask(L.LightningModule):
         the (B, T) attention mask: the outputs themselves unless the task adds a head."""
         return outputs
 
+    def hf_classifier(self) -> tuple[nn.Linear, list[str]] | None:
+        """For ``zoo-export format=hf``: a linear head over the pooled output with its label names
+        (written as a sequence-classification model), or None when the model is exported as it is."""
+        return None
+
+    def export_tokenizer(self) -> Tokenizer:
+        """The tokenizer an export carries: the one the task encodes with, as a user's tokenizer
+        call should encode (a task that adds tokens around its inputs says so here)."""
+        return self.tokenizer
+
     # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokenizer_json"] = self.tokenizer_json
         checkpoint["zoo_run"] = self.run_info
+        if self.specials is not None:
+            checkpoint["tokenizer_specials"] = self.specials
         checkpoint["state_dict"] = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokenizer_json = checkpoint.get("tokenizer_json")
         self.run_info = checkpoint.get("zoo_run")
+        self.specials = checkpoint.get("tokenizer_specials")
         self.__dict__.pop("tokenizer", None)
 
     @classmethod

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Accuracy, F1Score, Metric
 
+import zoo
 from tasks.base import ZooTask, top_count
 
 POOLINGS = ("cls", "mean")
@@ -74,6 +75,16 @@ class ClassifierTask(ZooTask):
         """The label names; for safetensors also the pooling, which head.safetensors needs (an ONNX
         graph holds it)."""
         return {"label_names": self.label_names, **({"pooling": self.pooling} if fmt == "safetensors" else {})}
+
+    def hf_classifier(self) -> tuple[nn.Linear, list[str]]:
+        """The head's linear layer over the pooled first token: BertForSequenceClassification's ``classifier``."""
+        if self.model.pooler is None:
+            raise zoo.ConfigError("model.pooler=false: BertForSequenceClassification classifies the pooled first "
+                                  "token; train with model.pooler=true, or export with format=safetensors or onnx")
+        if self.pooling != "cls":
+            raise zoo.ConfigError(f"task.pooling={self.pooling}: BertForSequenceClassification classifies the pooled "
+                                  "first token; export this run with format=safetensors or format=onnx")
+        return self.head[1], self.label_names
 
     def export_modules(self) -> dict[str, nn.Module]:
         return {"head.safetensors": self.head}

@@ -42,11 +42,12 @@ class MLMTask(ZooTask):
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
-        """For each <mask> in ``text``, the top_k tokens and their probabilities."""
+        """For each mask token (``<mask>``, or the tokenizer's own, e.g. ``[MASK]``) in ``text``, the top_k
+        tokens and their probabilities."""
         enc = self.tokenizer.encode(text)
         ids = torch.tensor([enc.ids], device=self.device)
         probs = self.model.mlm_logits(self.model(ids)).softmax(-1)[0]
-        mask_id = self.tokenizer.token_to_id("<mask>")
+        mask_id = self.special_tokens.mask
         out = []
         for pos in (ids[0] == mask_id).nonzero()[:, 0].tolist():
             top = probs[pos].topk(top_k)
@@ -59,9 +60,10 @@ class MLMTask(ZooTask):
         top = top_count(top)
         self.prompt_ids(prompt)
         filled = self.fill_mask(prompt, top_k=top)
+        mask = self.tokenizer.id_to_token(self.special_tokens.mask)
         if not filled:
-            return "no <mask> token in the prompt"
-        return "\n".join(f"<mask> #{n + 1}: " + ", ".join(f"{tok} ({p:.3f})" for tok, p in options)
+            return f"no {mask} token in the prompt"
+        return "\n".join(f"{mask} #{n + 1}: " + ", ".join(f"{tok} ({p:.3f})" for tok, p in options)
                          for n, options in enumerate(filled))
 
     def export_head(self, outputs: Tensor, attention_mask: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, processors
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.text import BLEUScore, CHRFScore
@@ -72,13 +73,27 @@ class TranslatorTask(ZooTask):
 
     def translate(self, texts: list[str], **settings: Any) -> list[str]:
         """Translations of ``texts``; ``settings`` as for ``translate_ids``."""
-        ids = [self.tokenizer.encode(t).ids + [self.model.config.eos_token_id] for t in texts]
+        eos = self.model.config.eos_token_id
+        ids = [i if i[-1:] == [eos] else i + [eos] for i in (self.tokenizer.encode(t).ids for t in texts)]
         width = max(len(i) for i in ids)
         pad = self.model.config.pad_token_id
         batch = torch.full((len(ids), width), pad, dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(batch)
         for row, i in enumerate(ids):
             batch[row, : len(i)] = torch.tensor(i)
-        return self.translate_ids(batch, (batch != pad).long(), **settings)
+            mask[row, : len(i)] = 1  # from the lengths: pad may be a real token (eos, for a tokenizer without one)
+        return self.translate_ids(batch, mask, **settings)
+
+    def export_tokenizer(self) -> Tokenizer:
+        """The tokenizer with ``$A </s>`` as its post-processing, as sources are encoded in training
+        (a T5 tokenizer read from a folder has it already)."""
+        tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+        eos = self.model.config.eos_token_id
+        if eos is not None and tokenizer.encode("a").ids[-1:] != [eos]:
+            token = tokenizer.id_to_token(eos)
+            tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {token}", pair=f"$A {token} $B:1 "
+                                                                     f"{token}:1", special_tokens=[(token, eos)])
+        return tokenizer
 
     def respond(self, prompt: str, *, max_new_tokens: int, num_beams: int, repetition_penalty: float = 1.0,
                 no_repeat_ngram_size: int = 0, **_: Any) -> str:

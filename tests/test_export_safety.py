@@ -97,15 +97,16 @@ def test_export_replaces_its_own_files_and_keeps_the_users(ckpt, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert set(modes(out).values()) == {normal_mode()}  # model.safetensors too, not mkstemp's 0600
     exported = snapshot(out)
-    (out / "README.md").write_text("what this model is\n")  # the user's file beside the export
+    (out / "notes.md").write_text("what this model is\n")  # the user's file beside the export
     (out / "tokenizer.json").write_text("stale")  # one of ours, replaced by the next export
+    (out / "README.md").write_text("stale")  # the model card: ours too
 
     again = zoo_export(tmp_path, f"ckpt_path={ckpt}", f"out={out}")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert snapshot(out) == {**exported, "README.md": b"what this model is\n"}
+    assert snapshot(out) == {**exported, "notes.md": b"what this model is\n"}
     assert set(modes(out).values()) == {normal_mode()}
     record = json.loads((out / "config.json").read_text())["zoo_export"]
-    assert set(record["files"]) == {"config.json", "config.yaml", "model.safetensors", "tokenizer.json"}
+    assert set(record["files"]) == {"config.json", "config.yaml", "model.safetensors", "tokenizer.json", "README.md"}
 
 
 @pytest.mark.slow

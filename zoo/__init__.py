@@ -7,7 +7,7 @@
 
 from zoo import attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
 from zoo.config import ModelConfig
-from zoo.hf import from_hf, from_hf_config
+from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy
 from zoo.io import CheckpointError, atomic_save, atomic_write, load_weights_file
 from zoo.kv_cache import Cache, KVCache
@@ -50,6 +50,7 @@ __all__ = [
     "create_model",
     "from_hf",
     "from_hf_config",
+    "hf_exportable",
     "get_config",
     "head_stats",
     "list_components",
@@ -62,4 +63,5 @@ __all__ = [
     "row_entropy",
     "save_pretrained",
     "stats",
+    "to_hf",
 ]

@@ -95,9 +95,12 @@ def model_config(node: DictConfig) -> zoo.ModelConfig:
     """The ``model`` node -> a ModelConfig (not yet validated): the preset with every non-null field applied."""
     values = OmegaConf.to_container(node, resolve=True)
     preset = values.pop("preset", None)
+    given = {k: v for k, v in values.items() if v is not None}
+    if preset is None and given.get("arch") is not None:  # a model read from init_from=<HF folder>: every field
+        return zoo.ModelConfig(**given)
     if preset is None:
         raise zoo.ConfigError(f"model.preset is not set; choose a model, e.g. model=gpt-tiny ({zoo.list_models()})")
-    return zoo.get_config(preset, **{k: v for k, v in values.items() if v is not None})
+    return zoo.get_config(preset, **given)
 
 
 def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
@@ -174,9 +177,15 @@ def run_info(cfg: DictConfig, task_name: str) -> dict[str, Any]:
 
 def load_task(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask, dict[str, Any]]:
     """Rebuild a trained task from its checkpoint alone, through zoo's one weights-only loader."""
+    task, checkpoint = task_and_checkpoint(ckpt_path, map_location)
+    return task, checkpoint["zoo_run"]
+
+
+def task_and_checkpoint(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask, dict[str, Any]]:
+    """``load_task``, with the whole checkpoint it was read from (its step count and callback states)."""
     checkpoint = read_checkpoint(ckpt_path, map_location=map_location)
     task = TASKS.get(checkpoint["zoo_run"]["task"]).from_checkpoint(checkpoint, source=f"ckpt_path={ckpt_path}")
-    return task.eval(), checkpoint["zoo_run"]
+    return task.eval(), checkpoint
 
 
 def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: str = "cpu") -> dict[str, Any]:

@@ -5,6 +5,7 @@
 - ``format=onnx``: model.onnx with dynamic batch and sequence axes (its weights in model.onnx.data
   beside it when the model is too large for one file), checked with onnxruntime against PyTorch
   (the max abs difference is printed), plus tokenizer.json and config.json.
+- ``format=hf``: a folder transformers loads (tasks/cli/export_hf.py); ``out=`` must be new or empty.
 
 ``out=`` may be a new or empty folder, or one a previous zoo-export wrote: its config.json carries
 a ``zoo_export`` record listing the files that export wrote. Only the files this export writes are
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -33,12 +35,14 @@ from torch import Tensor, nn
 
 import zoo
 from tasks import ZooTask
-from tasks.cli.common import conf_dir, load_task, quiet_libraries, user_errors
+from tasks.cli.card import model_card
+from tasks.cli.common import conf_dir, quiet_libraries, task_and_checkpoint, user_errors
+from tasks.cli.export_hf import export_hf
 from tasks.errors import UserError
 from zoo.attention import Attention
 from zoo.io import atomic_write_text
 
-FORMATS = ("safetensors", "onnx")
+FORMATS = ("safetensors", "onnx", "hf")
 RECORD = "zoo_export"  # the key of config.json that marks a folder zoo-export wrote
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
@@ -66,8 +70,8 @@ class ExportGraph(nn.Module):
 def files_of(task: ZooTask, fmt: str) -> list[str]:
     """Every file an export of ``task`` in format ``fmt`` may write into its folder."""
     if fmt == "onnx":
-        return ["config.json", "model.onnx", "model.onnx.data", "tokenizer.json"]
-    return ["config.json", "model.safetensors", "config.yaml", "tokenizer.json", *task.export_modules()]
+        return ["config.json", "model.onnx", "model.onnx.data", "tokenizer.json", "README.md"]
+    return ["config.json", "model.safetensors", "config.yaml", "tokenizer.json", "README.md", *task.export_modules()]
 
 
 def exported_files(folder: Path) -> list[str] | None:
@@ -128,16 +132,18 @@ def _names(names: Sequence[str], limit: int = 4) -> str:
 
 
 # ---- the formats --------------------------------------------------------------------------------
-def export_safetensors(task: ZooTask, info: dict, out: Path) -> float:
+def export_safetensors(task: ZooTask, info: dict, out: Path, card: str | None = None) -> float:
     """Write the safetensors folder (config.json, with its record, first; then the task's own
     modules, e.g. a classifier's head.safetensors) and return the max abs difference of the
     reloaded model's outputs."""
     from safetensors.torch import save_model
 
-    files = files_of(task, "safetensors")
+    files = [name for name in files_of(task, "safetensors") if name != "README.md" or card is not None]
     extra = {"task": info["task"], **task.export_info("safetensors"), RECORD: export_record(out, "safetensors", files)}
     zoo.save_pretrained(task.model, out, extra=extra)
     atomic_write_text(out / "config.yaml", info["config_yaml"])
+    if card is not None:
+        atomic_write_text(out / "README.md", card)
     with zoo.atomic_write(out / "tokenizer.json") as tmp:
         task.tokenizer.save(str(tmp))
     for name, module in task.export_modules().items():
@@ -173,7 +179,7 @@ def exporter_quiet() -> Iterator[None]:
         registration.setLevel(level)
 
 
-def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
+def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | None = None) -> float:
     """Write the ONNX folder and return the max abs difference between onnxruntime and PyTorch.
 
     The graph is saved in a temporary folder first, then each file is copied into ``out`` through
@@ -197,7 +203,8 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
     with tempfile.TemporaryDirectory(prefix="zoo-export-") as stage:
         program.save(Path(stage) / "model.onnx")  # + model.onnx.data when over torch's single-file limit
         staged = sorted(os.listdir(stage), key=lambda name: name == "model.onnx")
-        record = export_record(out, "onnx", ["config.json", *staged, "tokenizer.json"])
+        card_file = ["README.md"] if card is not None else []
+        record = export_record(out, "onnx", ["config.json", *staged, "tokenizer.json", *card_file])
         config = {"model": task.model.config.to_dict(), "task": info["task"], **task.export_info("onnx"),
                   RECORD: record}
         atomic_write_text(out / "config.json", json.dumps(config, indent=2))
@@ -206,6 +213,8 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
                 shutil.copyfile(Path(stage) / name, tmp)
     with zoo.atomic_write(out / "tokenizer.json") as tmp:
         task.tokenizer.save(str(tmp))
+    if card is not None:
+        atomic_write_text(out / "README.md", card)
     # check at other shapes than the traced ones: the axes must really be dynamic
     check = ExportGraph(task).example_inputs(batch=3, length=11)
     session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -213,6 +222,20 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int) -> float:
     with torch.no_grad():
         want = graph(**check).numpy()
     return float(np.abs(got - want).max())
+
+
+def hf_verb(task: ZooTask, checkpoint: dict[str, Any], out: Path, command: str) -> float:
+    """format=hf: a new folder (never into an existing one), checked by transformers when installed."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"out={out}: format=hf writes a new folder and this one is not empty; choose a new or empty "
+                        f"folder (nothing is overwritten)")
+    hf_class = zoo.hf.family_class(task.model.config, classifier=task.hf_classifier() is not None)
+    diff = export_hf(task, out, model_card(task, checkpoint, fmt="hf", command=command, hf_class=hf_class))
+    if diff is None:
+        print(f"exported {out} for transformers (not checked: transformers is not installed)")
+        return float("nan")
+    print(f"exported {out} for transformers; its reload vs zoo: max abs diff {diff:.3g}, same greedy tokens")
+    return diff
 
 
 # ---- the verb -----------------------------------------------------------------------------------
@@ -223,20 +246,24 @@ def main(cfg: DictConfig) -> float:
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key}= is not set; zoo-export ckpt_path=<checkpoint> out=<folder> [format=onnx]")
     if cfg.format not in FORMATS:
-        raise UserError(f"format={cfg.format!r} is not an export format; choose format=safetensors or format=onnx")
+        raise UserError(f"format={cfg.format!r} is not an export format; choose format=safetensors, onnx or hf")
     if not isinstance(cfg.overwrite, bool):
         raise UserError(f"overwrite={cfg.overwrite!r} must be true or false")
     if cfg.format == "onnx":
         require_onnx()
     quiet_libraries()
     out = Path(cfg.out).expanduser()
-    task, info = load_task(cfg.ckpt_path)
+    task, checkpoint = task_and_checkpoint(cfg.ckpt_path)
+    info, command = checkpoint["zoo_run"], " ".join(["zoo-export", *sys.argv[1:]])
+    if cfg.format == "hf":
+        return hf_verb(task, checkpoint, out, command)
     check_destination(out, files_of(task, cfg.format), overwrite=cfg.overwrite)
+    card = model_card(task, checkpoint, fmt=cfg.format, command=command)
     if cfg.format == "safetensors":
-        diff = export_safetensors(task, info, out)
+        diff = export_safetensors(task, info, out, card)
         print(f"exported {out}/model.safetensors; zoo.load_pretrained reload: max abs diff {diff:.3g}")
     else:
-        diff = export_onnx(task, info, out, cfg.opset)
+        diff = export_onnx(task, info, out, cfg.opset, card)
         print(f"exported {out}/model.onnx; onnxruntime vs PyTorch: max abs diff {diff:.3g}")
     return diff
 

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from tasks.cli.common import conf_dir, read_checkpoint
 from tasks.errors import UserError
@@ -48,8 +49,22 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         applied.append(override.input_line)
     with open_dict(resumed):
         resumed.ckpt_path, resumed.resume, resumed.init_from = str(ckpt), None, None  # weights: the checkpoint's
+        moved_from = str(resumed.paths.output_dir)
         resumed.paths.output_dir = str(run_dir)
+        if moved_from != str(run_dir):  # the run was moved or copied: its paths follow it
+            rebase_paths(resumed, moved_from, str(run_dir))
     step = checkpoint["global_step"]
     print(f"resuming {run_dir} from {ckpt.name} (step {step})"
           + (f" with {' '.join(applied)}" if applied else ", with its own config"))
     return resumed
+
+
+def rebase_paths(node: DictConfig | ListConfig, old: str, new: str) -> None:
+    """Every string of the (resolved) config at or under ``old`` moved under ``new``: the checkpoint
+    folder, the metrics file and the like of a run directory that was moved or copied."""
+    items = node.items() if isinstance(node, DictConfig) else enumerate(node)
+    for key, value in list(items):
+        if isinstance(value, DictConfig | ListConfig):
+            rebase_paths(value, old, new)
+        elif isinstance(value, str) and (value == old or value.startswith(old.rstrip(os.sep) + os.sep)):
+            node[key] = new + value[len(old):]

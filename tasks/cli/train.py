@@ -28,6 +28,7 @@ import zoo
 from tasks import TASKS
 from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
 from tasks.checkpoints import ZooCheckpointIO, claim_run_dir
+from tasks.cli.card import describe_model
 from tasks.cli.common import (
     RAISE_ERRORS_ENV,
     check_composition,
@@ -38,31 +39,39 @@ from tasks.cli.common import (
     run_info,
     user_errors,
 )
+from tasks.cli.pretrained import adopt_model, as_checkpoint, hf_source, is_hf_source
 from tasks.cli.resuming import resumed_config
-from tasks.data.tokenizers import read_tokenizer
+from tasks.data.tokenizers import Specials, read_hf_tokenizer, read_tokenizer
 from tasks.loggers import CSVLogger
 
 
 def train(cfg: DictConfig) -> float | None:
+    from_hf = is_hf_source(cfg.init_from)  # init_from=<HF folder>: model and tokenizer (unless resuming)
+    folder = hf_source(cfg.init_from) if from_hf and not cfg.ckpt_path else None
+    pretrained = adopt_model(cfg, folder) if folder else None  # the folder's config becomes cfg.model
     model_cfg = check_composition(cfg)  # bad combinations and values stop here, before any data is read
+    check_export(cfg, model_cfg)
     output_dir = Path(cfg.paths.output_dir)
     first = rank_zero_only.rank == 0  # in a distributed run the other processes start this script too
     resume = read_checkpoint(cfg.ckpt_path, "ckpt_path") if cfg.ckpt_path else None
-    start = read_checkpoint(cfg.init_from, "init_from") if cfg.init_from else None
+    start = read_checkpoint(cfg.init_from, "init_from") if cfg.init_from and not from_hf else None
     if first:
         claim_run_dir(output_dir, resume_from=cfg.ckpt_path, dry_run=True)  # refuse another run's directory now
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     datamodule = instantiate(cfg.data, _convert_="all")
     if resume or start:  # the tokenizer must be the one the weights were trained with
-        datamodule.tokenizer = checkpoint_tokenizer(resume or start, cfg)
+        datamodule.use_tokenizer(checkpoint_tokenizer(resume or start, cfg), checkpoint_specials(resume or start))
+    elif folder:
+        datamodule.use_tokenizer(*read_hf_tokenizer(folder))
     elif not first and (output_dir / "tokenizer.json").is_file():  # DDP ranks > 0 start after rank 0 saved it:
         datamodule.tokenizer = read_tokenizer(output_dir / "tokenizer.json")  # one tokenizer for every rank
     datamodule.setup("fit")
-    model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes()))
+    model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes(), pretrained=bool(folder)))
     if resume:
         check_same_model(model_cfg, resume, cfg.ckpt_path)
-    task = build_task(cfg, model_cfg, datamodule, start)
+    task = build_task(cfg, model_cfg, datamodule, as_checkpoint(pretrained) if pretrained else start)
+    check_export(cfg, model_cfg, task)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
@@ -108,6 +117,7 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
                        scheduler=scheduler, tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(),
                        _convert_="all")
     task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
+    task.specials = datamodule.specials_record()
     if start:
         task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
     if cfg.compile:
@@ -149,8 +159,37 @@ def checkpoint_tokenizer(checkpoint: dict[str, Any], cfg: DictConfig) -> Tokeniz
     return tokenizer
 
 
-def data_sizes(cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int]) -> dict[str, int]:
-    """The sizes the data decides; an explicit model.vocab_size that disagrees is a ConfigError."""
+EXPORT_CHECKS = ("hf",)
+
+
+def check_export(cfg: DictConfig, model_cfg: zoo.ModelConfig, task: Any = None) -> None:
+    """``export_check=hf``: the model (and, once built, the task's head) must be what zoo-export
+    format=hf can write, or the run stops now instead of after training."""
+    check = cfg.get("export_check")
+    if check is None:
+        return
+    if check not in EXPORT_CHECKS:
+        raise zoo.ConfigError(f"export_check={check}: not a check; choose export_check=hf or leave it null")
+    zoo.hf_exportable(model_cfg)
+    if task is not None:
+        task.hf_classifier()
+
+
+def checkpoint_specials(checkpoint: dict[str, Any]) -> Specials:
+    """The special ids of the checkpoint's tokenizer: zoo's own unless it recorded others (an HF folder's)."""
+    record = checkpoint.get("tokenizer_specials")
+    return Specials.from_record(record) if record else Specials.zoo()
+
+
+def data_sizes(cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int], *,
+               pretrained: bool = False) -> dict[str, int]:
+    """The sizes the data decides; an explicit model.vocab_size that disagrees is a ConfigError. A
+    pretrained model keeps its vocabulary (its embedding may have rows the tokenizer does not use)."""
+    if pretrained:
+        if sizes["vocab_size"] > model_cfg.vocab_size:
+            raise zoo.ConfigError(f"init_from={cfg.init_from}: the tokenizer has {sizes['vocab_size']} tokens but the "
+                                  f"model only {model_cfg.vocab_size} embeddings; use the folder's own tokenizer.json")
+        return {k: v for k, v in sizes.items() if k != "vocab_size"}
     explicit = cfg.model.get("vocab_size")
     if explicit is not None and explicit != sizes["vocab_size"]:
         raise zoo.ConfigError(f"model.vocab_size={explicit} but the tokenizer has {sizes['vocab_size']} tokens; "
@@ -193,10 +232,7 @@ def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg:
     table.add_row("best checkpoint", best or "(none saved)")
     if best_score:
         table.add_row("best " + best_score[0], f"{best_score[1]:.4f}")
-    table.add_row("model", f"{model_cfg.arch}: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
-                           f"{model_cfg.n_heads} heads ({model_cfg.resolved_n_kv_heads} KV), {params:,} parameters, "
-                           f"{model_cfg.position} positions, {model_cfg.norm_placement}-{model_cfg.norm}, "
-                           f"{model_cfg.ffn} FFN")
+    table.add_row("model", describe_model(model_cfg, params))
     for name in sorted(metrics):
         if name.startswith(("val/", "test/")):
             table.add_row(name, f"{metrics[name]:.4f}")

@@ -1,7 +1,8 @@
 """LightningDataModules for the four tasks. Each loads records from a source, splits them
-deterministically by a hash of their key, trains (or loads) a tokenizer on the training split, and
-says which sizes the model must take from the data (``model_sizes``) and what the task must know
-(``task_info``, e.g. the label names).
+deterministically by a hash of their key, trains (or loads) a tokenizer on the training split or
+uses one handed in (a Hugging Face model's: ``use_tokenizer``), and says which sizes the model must
+take from the data (``model_sizes``) and what the task must know (``task_info``, e.g. the label
+names). Special tokens are wherever the tokenizer has them (``specials``), not at fixed ids.
 
 Batches are dicts of tensors. Language modelling packs documents into full blocks; the others pad
 each batch only to its longest sequence and group sequences of similar length (bucketing).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -34,15 +36,19 @@ from tasks.data.loading import (
     world_rank,
 )
 from tasks.data.sources import load_records, split_of
-from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, with_cls_sep
+from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, with_cls_sep
 from tasks.errors import DataError
 
 IGNORE = -100  # label of positions that carry no loss
 
 
 class TextDataModule(L.LightningDataModule):
+    """The tokenizer is zoo's own (trained, or loaded from data.tokenizer_path), or another handed in
+    with ``use_tokenizer`` before setup; ``specials`` says where its special tokens are."""
+
     tokenizer_kind: ClassVar[str] = "bpe"
     fields: ClassVar[tuple[str, ...]] = ("text",)  # what every record must have (see texts, build_dataset)
+    needs: ClassVar[tuple[str, ...]] = ()  # special tokens the task needs besides pad (see use_tokenizer)
 
     def __init__(self, *, source: str, source_args: dict[str, Any] | None = None, tokenizer_path: str | None = None,
                  tokenizer_kind: str | None = None, vocab_size: int = 4096, seq_len: int = 128, batch_size: int = 32,
@@ -56,6 +62,8 @@ class TextDataModule(L.LightningDataModule):
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.max_records, self.num_workers, self.seed = max_records, num_workers, seed
         self.tokenizer: Tokenizer | None = None
+        self.specials = Specials.zoo()
+        self.added: tuple[list[int], list[int]] = ([], [])  # ids the tokenizer puts before / after a text (setup)
         self.datasets: dict[str, Dataset] = {}
 
     # ---- what subclasses define -----------------------------------------------------------------
@@ -94,19 +102,47 @@ class TextDataModule(L.LightningDataModule):
             raise DataError(f"data.source={self.source}: {len(records)} records (data.max_records="
                             f"{self.max_records}) leave the train or the validation split empty (data.val_fraction="
                             f"{self.val_fraction}); add data or raise data.val_fraction")
-        if self.tokenizer is None:  # a tokenizer set before setup (from a checkpoint) is kept
+        if self.tokenizer is None:  # a tokenizer set before setup (from a checkpoint, by use_tokenizer) is kept
             texts = (t for r in splits["train"] for t in self.texts(r))
             self.tokenizer = load_or_train(self.tokenizer_path, texts, self.kind, self.vocab_size)
+        elif self.specials == Specials.zoo() and (wrong := misplaced_specials(self.tokenizer)):
+            raise DataError(f"the tokenizer set before setup does not have zoo's special tokens at ids 0..4 (found "
+                            f"{', '.join(wrong)}); hand it in with use_tokenizer(tokenizer, specials) instead")
         self.tokenizer = self.prepare_tokenizer(self.tokenizer)
+        self.added = added_around(self.tokenizer)
         self.datasets = {name: self.build_dataset(rs, name) for name, rs in splits.items() if rs}
+
+    def use_tokenizer(self, tokenizer: Tokenizer, specials: Specials) -> None:
+        """Use ``tokenizer`` (e.g. a Hugging Face model's, from ``read_hf_tokenizer``) instead of
+        training or loading one; call before setup, which keeps it. A tokenizer without a pad token
+        (GPT-2, Llama) pads with its eos: attention masks come from the sequences' lengths, so a pad
+        that is also a real token is harmless. One without a token the task needs is a DataError."""
+        if specials.pad is None:
+            specials = replace(specials, pad=specials.eos)
+        if specials.decoder_start is None:
+            specials = replace(specials, decoder_start=specials.pad)
+        for role in ("pad", *self.needs):
+            if getattr(specials, role) is None:
+                also = " nor an eos token to pad with" if role == "pad" else ""
+                raise DataError(f"{specials.origin}: the tokenizer has no {role} token{also}, which "
+                                f"{type(self).__name__} needs; name one as {role}_token in the folder's "
+                                f"tokenizer_config.json, or use a model whose tokenizer has one")
+        self.tokenizer, self.specials = tokenizer, specials
+
+    def specials_record(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps so that a resumed run finds the special tokens again
+        (``Specials.from_record``): None for zoo's own tokenizers, whose ids are fixed."""
+        return None if self.specials == Specials.zoo() else self.specials.record()
 
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
         return tokenizer
 
-    def model_sizes(self) -> dict[str, int]:
-        """ModelConfig fields the data decides."""
+    def model_sizes(self) -> dict[str, int | None]:
+        """ModelConfig fields the data decides. The vocabulary is the tokenizer's; a Hugging Face
+        model's embedding may have more rows than that."""
         assert self.tokenizer is not None, "call setup() first"
-        return {"vocab_size": self.tokenizer.get_vocab_size(), "pad_token_id": PAD, "eos_token_id": EOS}
+        return {"vocab_size": self.tokenizer.get_vocab_size(), "pad_token_id": self.specials.pad,
+                "eos_token_id": self.specials.eos}
 
     def tokenizer_json(self) -> str:
         assert self.tokenizer is not None, "call setup() first"
@@ -160,8 +196,16 @@ class TextDataModule(L.LightningDataModule):
         assert self.tokenizer is not None
         return self.tokenizer.encode(text).ids
 
+    def encode_with_eos(self, text: str, max_len: int | None = None) -> list[int]:
+        """``text``'s ids ending in one eos, at most ``max_len`` of them. The eos is appended unless
+        the tokenizer's post-processor appends it already (a T5's does)."""
+        ids, (_, after) = self.encode(text), self.added
+        if after[-1:] == [self.specials.eos]:
+            ids = ids[:-1]
+        return ids[: None if max_len is None else max_len - 1] + [self.specials.eos]
 
-def pad_batch(seqs: Sequence[Sequence[int]], value: int = PAD) -> Tensor:
+
+def pad_batch(seqs: Sequence[Sequence[int]], value: int) -> Tensor:
     """Right-pad to the longest sequence: (B, T_max)."""
     out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -169,16 +213,35 @@ def pad_batch(seqs: Sequence[Sequence[int]], value: int = PAD) -> Tensor:
     return out
 
 
+def length_mask(seqs: Sequence[Sequence[int]]) -> Tensor:
+    """1 on the tokens of each sequence, 0 on the padding ``pad_batch`` adds: (B, T_max). Taken from
+    the lengths, not from ``ids != pad``: a tokenizer without a pad token pads with a real token."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    return (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+
+
+def encoder_tokenizer(tokenizer: Tokenizer, specials: Specials, seq_len: int) -> Tokenizer:
+    """[CLS] text [SEP], cut to ``seq_len``. A tokenizer whose post-processor already puts tokens
+    around a text (a BERT's, a RoBERTa's) keeps it; zoo's get BERT's post-processing."""
+    if added_around(tokenizer) == ([], []) and specials.cls is not None and specials.sep is not None:
+        tokenizer = with_cls_sep(tokenizer, specials.cls, specials.sep)
+    tokenizer.enable_truncation(seq_len)
+    return tokenizer
+
+
 # ---- language modelling (decoder) ---------------------------------------------------------------
 class LMDataModule(TextDataModule):
-    """Causal LM: documents joined with </s> and cut into blocks of seq_len + 1 tokens."""
+    """Causal LM: documents joined with eos and cut into blocks of seq_len + 1 tokens. Blocks are
+    full, so nothing is padded: a tokenizer without a pad token (GPT-2, Llama) gets eos as its pad
+    id, which only tells the model a pad id (see ``use_tokenizer``)."""
 
     tokenizer_kind = "bpe"
+    needs = ("eos",)
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
         ids: list[int] = []
         for record in records:
-            ids += self.encode(record["text"]) + [EOS]
+            ids += self.encode_with_eos(record["text"])
         block = self.seq_len + 1
         n = len(ids) // block
         if n == 0:
@@ -200,9 +263,7 @@ class ClassificationDataModule(TextDataModule):
     fields = ("text", "label")
 
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
-        tokenizer = with_cls_sep(tokenizer)
-        tokenizer.enable_truncation(self.seq_len)
-        return tokenizer
+        return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
         if split == "train":
@@ -212,8 +273,8 @@ class ClassificationDataModule(TextDataModule):
         return ListDataset(items, [len(ids) for ids, _ in items])
 
     def collate(self, batch: list[tuple[list[int], int]]) -> dict[str, Tensor]:
-        input_ids = pad_batch([ids for ids, _ in batch])
-        return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(),
+        seqs = [ids for ids, _ in batch]
+        return {"input_ids": pad_batch(seqs, self.specials.pad), "attention_mask": length_mask(seqs),
                 "labels": torch.tensor([label for _, label in batch])}
 
     def task_info(self) -> dict[str, Any]:
@@ -223,18 +284,18 @@ class ClassificationDataModule(TextDataModule):
 # ---- masked language modelling (encoder) -------------------------------------------------------
 class MLMDataModule(TextDataModule):
     """BERT pretraining: 15% of tokens are chosen; 80% of those become <mask>, 10% a random token,
-    10% stay; the loss is on the chosen ones only (Devlin et al. 2019)."""
+    10% stay; the loss is on the chosen ones only (Devlin et al. 2019). Special tokens are never
+    chosen, and never put in a chosen token's place."""
 
     tokenizer_kind = "wordpiece"
+    needs = ("mask",)
 
     def __init__(self, *, mask_prob: float = 0.15, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.mask_prob = mask_prob
 
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
-        tokenizer = with_cls_sep(tokenizer)
-        tokenizer.enable_truncation(self.seq_len)
-        return tokenizer
+        return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
         items = [ids for r in records if len(ids := self.encode(r["text"])) > 3]
@@ -243,27 +304,30 @@ class MLMDataModule(TextDataModule):
     def collate(self, batch: list[list[int]], *, fixed: bool = False) -> dict[str, Tensor]:
         """``fixed``: the same masks for the same batch every time (comparable validation numbers);
         else masks from the global RNG."""
-        input_ids = pad_batch(batch)
-        return self.mask(input_ids, torch.Generator().manual_seed(int(input_ids.sum())) if fixed else None)
+        padded = self.pad(batch)
+        generator = torch.Generator().manual_seed(int(padded["input_ids"].sum())) if fixed else None
+        return self.mask(padded["input_ids"], padded["attention_mask"], generator)
 
-    def mask(self, input_ids: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def mask(self, input_ids: Tensor, attention_mask: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
         labels = input_ids.clone()
-        special = input_ids < len(SPECIALS)
-        chosen = (torch.rand(input_ids.shape, generator=generator) < self.mask_prob) & ~special
+        special = torch.tensor(sorted(self.specials.ids))
+        ordinary = torch.arange(self.tokenizer.get_vocab_size())
+        ordinary = ordinary[~torch.isin(ordinary, special)]  # the tokens a chosen one may become
+        eligible = attention_mask.bool() & ~torch.isin(input_ids, special)
+        chosen = (torch.rand(input_ids.shape, generator=generator) < self.mask_prob) & eligible
         labels[~chosen] = IGNORE
         action = torch.rand(input_ids.shape, generator=generator)
-        masked = input_ids.masked_fill(chosen & (action < 0.8), MASK)
-        random_tokens = torch.randint(len(SPECIALS), self.tokenizer.get_vocab_size(), input_ids.shape,
-                                      generator=generator)
+        masked = input_ids.masked_fill(chosen & (action < 0.8), self.specials.mask)
+        random_tokens = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
         swap = chosen & (action >= 0.8) & (action < 0.9)
         masked = torch.where(swap, random_tokens, masked)
-        return {"input_ids": masked, "attention_mask": (input_ids != PAD).long(), "labels": labels}
+        return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}
 
     def pad(self, batch: list[list[int]]) -> dict[str, Tensor]:
-        return {"input_ids": pad_batch(batch)}
+        return {"input_ids": pad_batch(batch, self.specials.pad), "attention_mask": length_mask(batch)}
 
     def draw(self, batch: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        return self.mask(batch["input_ids"], generator)
+        return self.mask(batch["input_ids"], batch["attention_mask"], generator)
 
     def collate_for(self, split: str) -> Callable[[list[Any]], dict[str, Any]]:
         """Training batches are only padded here; ``draw`` masks them (seeded by their place in the run)."""
@@ -273,22 +337,27 @@ class MLMDataModule(TextDataModule):
 # ---- translation (encoder-decoder) -------------------------------------------------------------
 class TranslationDataModule(TextDataModule):
     """Source -> target pairs with one tokenizer for both sides. The decoder input is the target
-    shifted right behind the start token (<pad>, as in T5); the labels end with </s>."""
+    shifted right behind the decoder start token (zoo's and T5's: pad); source and labels end with
+    one eos. A tokenizer without a pad token pads with its eos (see ``use_tokenizer``)."""
 
     tokenizer_kind = "unigram"
     fields = ("source", "target")
+    needs = ("eos",)
 
     def texts(self, record: dict[str, Any]) -> list[str]:
         return [record["source"], record["target"]]
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
-        items = [(self.encode(r["source"])[: self.seq_len - 1] + [EOS], self.encode(r["target"])[: self.seq_len - 1]
-                  + [EOS], r["target"]) for r in records]
+        items = [(self.encode_with_eos(r["source"], self.seq_len), self.encode_with_eos(r["target"], self.seq_len),
+                  r["target"]) for r in records]
         return ListDataset(items, [len(s) + len(t) for s, t, _ in items])
 
     def collate(self, batch: list[tuple[list[int], list[int], str]]) -> dict[str, Any]:
-        src = pad_batch([s for s, _, _ in batch])
-        labels = pad_batch([t for _, t, _ in batch], IGNORE)
-        decoder_input_ids = pad_batch([[PAD] + t[:-1] for _, t, _ in batch])
-        return {"input_ids": src, "attention_mask": (src != PAD).long(), "decoder_input_ids": decoder_input_ids,
-                "labels": labels, "references": [ref for _, _, ref in batch]}
+        sources, targets = [s for s, _, _ in batch], [t for _, t, _ in batch]
+        start, pad = self.specials.decoder_start, self.specials.pad
+        return {"input_ids": pad_batch(sources, pad), "attention_mask": length_mask(sources),
+                "decoder_input_ids": pad_batch([[start] + t[:-1] for t in targets], pad),
+                "labels": pad_batch(targets, IGNORE), "references": [ref for _, _, ref in batch]}
+
+    def model_sizes(self) -> dict[str, int | None]:
+        return {**super().model_sizes(), "decoder_start_token_id": self.specials.decoder_start}

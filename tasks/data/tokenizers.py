@@ -1,12 +1,19 @@
-"""Tokenizers from HF ``tokenizers``: trained on the training split when none is given, or loaded
-from a ``tokenizer.json``. Every kind uses the same special tokens at the same ids, so tasks can
-rely on them: 0 pad, 1 unk, 2 bos / [CLS], 3 eos / [SEP], 4 mask.
+"""Tokenizers from HF ``tokenizers``: trained on the training split when none is given, loaded
+from a ``tokenizer.json``, or read from a Hugging Face model folder (``read_hf_tokenizer``).
+
+Zoo's own tokenizers put the special tokens at fixed ids: 0 pad, 1 unk, 2 bos / [CLS], 3 eos /
+[SEP], 4 mask. A Hugging Face tokenizer keeps them where its model was trained with them (BERT:
+[PAD]=0, [CLS]=101; GPT-2: only <|endoftext|>), so the data modules ask a ``Specials`` where they
+are instead of assuming zoo's ids.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -15,6 +22,50 @@ from tasks.errors import DataError
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
 PAD, UNK, BOS, EOS, MASK = range(len(SPECIALS))
 KINDS = ("bpe", "wordpiece", "unigram")
+ROLES = ("pad", "unk", "bos", "eos", "mask", "cls", "sep")  # as transformers names them: pad_token, ...
+MODEL_IDS = ("pad", "eos", "bos", "decoder_start")  # a model's config.json ids: pad_token_id, ...
+
+
+@dataclass(frozen=True)
+class Specials:
+    """Where a tokenizer's special tokens are: an id each, None where it has no such token.
+
+    ``decoder_start`` is the first decoder input of an encoder-decoder (T5 and zoo: pad). ``others``
+    are further ids the tokenizer marks special (T5's sentinels, Llama 3's other eos ids).
+    ``origin`` names where the tokenizer came from, for error messages.
+    """
+
+    pad: int | None = None
+    unk: int | None = None
+    bos: int | None = None
+    eos: int | None = None
+    mask: int | None = None
+    cls: int | None = None
+    sep: int | None = None
+    decoder_start: int | None = None
+    others: frozenset[int] = frozenset()
+    origin: str = "zoo's tokenizer"
+
+    @classmethod
+    def zoo(cls) -> Specials:
+        """Zoo's own tokenizers: <s> serves as bos and [CLS], </s> as eos and [SEP]."""
+        return cls(pad=PAD, unk=UNK, bos=BOS, eos=EOS, mask=MASK, cls=BOS, sep=EOS, decoder_start=PAD)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Specials:
+        """The Specials a ``record()`` holds (as a checkpoint stores it)."""
+        given = {f.name: record[f.name] for f in fields(cls) if f.name in record}
+        return cls(**{**given, "others": frozenset(given.get("others", ()))})
+
+    def record(self) -> dict[str, Any]:
+        """Plain data, as a checkpoint that loads with ``weights_only`` can hold."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "others": sorted(self.others)}
+
+    @property
+    def ids(self) -> frozenset[int]:
+        """Every special id: masked language modelling never masks one, nor puts one in a token's place."""
+        named = (getattr(self, role) for role in (*ROLES, "decoder_start"))
+        return self.others | {i for i in named if i is not None}
 
 
 def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> Tokenizer:
@@ -46,12 +97,28 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> Tokeniz
     return tok
 
 
-def with_cls_sep(tok: Tokenizer) -> Tokenizer:
-    """BERT-style post-processing: <s> text </s> (and <s> a </s> b </s> for pairs)."""
+def with_cls_sep(tok: Tokenizer, cls: int = BOS, sep: int = EOS) -> Tokenizer:
+    """BERT-style post-processing: [CLS] text [SEP] (and [CLS] a [SEP] b [SEP] for pairs), where
+    zoo's tokenizers use <s> and </s>."""
+    c, s = tok.id_to_token(cls), tok.id_to_token(sep)
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
-        special_tokens=[("<s>", BOS), ("</s>", EOS)])
+        single=f"{c} $A {s}", pair=f"{c} $A {s} $B:1 {s}:1", special_tokens=[(c, cls), (s, sep)])
     return tok
+
+
+def added_around(tok: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's post-processor puts before and after a text (a BERT's: [CLS] and
+    [SEP]; a T5's: nothing and </s>; a GPT-2's: nothing), found by encoding a probe."""
+    encoding = tok.encode("a")
+    flags = encoding.special_tokens_mask
+    before = next((i for i, flag in enumerate(flags) if not flag), len(flags))
+    after = next((i for i, flag in enumerate(reversed(flags)) if not flag), 0)
+    return encoding.ids[:before], encoding.ids[len(flags) - after:]
+
+
+def misplaced_specials(tok: Tokenizer) -> list[str]:
+    """``token=id`` for each of zoo's special tokens that ``tok`` does not have at zoo's id."""
+    return [f"{t}={tok.token_to_id(t)}" for i, t in enumerate(SPECIALS) if tok.token_to_id(t) != i]
 
 
 def load_or_train(path: str | Path | None, texts: Iterable[str], kind: str, vocab_size: int) -> Tokenizer:
@@ -59,8 +126,7 @@ def load_or_train(path: str | Path | None, texts: Iterable[str], kind: str, voca
     if path is None:
         return train_tokenizer(texts, kind, vocab_size)
     tok = read_tokenizer(path)
-    wrong = [f"{t}={tok.token_to_id(t)}" for i, t in enumerate(SPECIALS) if tok.token_to_id(t) != i]
-    if wrong:
+    if wrong := misplaced_specials(tok):
         raise DataError(f"data.tokenizer_path={path}: zoo's tasks need the special tokens {SPECIALS} at ids 0..4; "
                         f"found {', '.join(wrong)}; use a tokenizer.json that zoo-train wrote, or "
                         f"data.tokenizer_path=null to train one")
@@ -76,11 +142,97 @@ def read_tokenizer(path: str | Path, field: str = "data.tokenizer_path") -> Toke
     if not Path(path).is_file():
         what = "a folder" if Path(path).is_dir() else "no such file"
         raise DataError(f"{field}={path}: {what}; {fix}")
+    return _parse(Path(path), f"{field}={path}", fix)
+
+
+HF_FIX = ("a Hugging Face model folder needs its fast tokenizer's tokenizer.json, which "
+          "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes")
+
+
+def read_hf_tokenizer(folder: str | Path, field: str = "init_from") -> tuple[Tokenizer, Specials]:
+    """The tokenizer of a Hugging Face model folder as transformers' ``save_pretrained`` writes it,
+    and where its special tokens are; errors name ``field`` (the setting that gave ``folder``).
+
+    ``tokenizer.json`` is the tokenizer, kept with its own post-processor (a BERT's adds [CLS] and
+    [SEP], a T5's appends </s>) but without saved padding or truncation: the data modules cut and
+    pad. ``tokenizer_config.json`` and ``special_tokens_map.json`` (which wins, as in transformers)
+    name the special tokens; the ids in the model's ``config.json`` win over both, since the
+    weights were trained with them.
+    """
+    folder = Path(folder)
+    where = f"{field}={folder}"
+    if not folder.is_dir():
+        raise DataError(f"{where}: no such folder; point it at a Hugging Face model folder (save_pretrained "
+                        f"writes one)")
+    if not (folder / "tokenizer.json").is_file():
+        raise DataError(f"{where}: no tokenizer.json in the folder; {HF_FIX}")
+    tok = _parse(folder / "tokenizer.json", f"{field}={folder / 'tokenizer.json'}", HF_FIX)
+    tok.no_padding()
+    tok.no_truncation()
+    ids, others = _model_ids(_read_json(folder / "config.json", where), where)
+    names = {**_token_names(folder / "tokenizer_config.json", where),
+             **_token_names(folder / "special_tokens_map.json", where)}
+    for role, token in names.items():
+        if role in ids:  # config.json's id wins
+            continue
+        ids[role] = token_id = tok.token_to_id(token)
+        if token_id is None:
+            raise DataError(f"{where}: the tokenizer files name {role}_token={token!r}, which tokenizer.json does "
+                            f"not have; correct or remove that entry")
+    ids.setdefault("decoder_start", ids.get("pad"))  # T5's convention, which zoo's encoder-decoders follow
+    others |= {i for i, token in tok.get_added_tokens_decoder().items() if token.special}
+    return tok, Specials(**ids, others=frozenset(others), origin=where)
+
+
+def _model_ids(config: dict[str, Any], where: str) -> tuple[dict[str, int | None], set[int]]:
+    """The special ids a model's config.json sets (``pad_token_id``, ...), and every id of a list
+    (Llama 3 ends a generation at any of several eos ids: the first counts as the eos)."""
+    ids: dict[str, int | None] = {}
+    others: set[int] = set()
+    for role in MODEL_IDS:
+        key = f"{role}_token_id"
+        values = config.get(key)
+        values = values if isinstance(values, list) else [] if values is None else [values]
+        for value in values:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DataError(f"{where}: config.json has {key}={config[key]!r}, not a token id; correct or "
+                                f"remove it")
+            others.add(value)
+        if values:
+            ids[role] = values[0]
+    return ids, others
+
+
+def _token_names(path: Path, where: str) -> dict[str, str]:
+    """The special tokens a tokenizer_config.json or special_tokens_map.json names, by role; an
+    entry is a string or, as transformers serialises an AddedToken, a dict with its "content"."""
+    names: dict[str, str] = {}
+    for role, entry in ((role, _read_json(path, where).get(f"{role}_token")) for role in ROLES):
+        token = entry.get("content") if isinstance(entry, dict) else entry
+        if isinstance(token, str):
+            names[role] = token
+    return names
+
+
+def _read_json(path: Path, where: str) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when there is no such file."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{where}: {path.name} is not readable JSON ({error}); repair or remove it") from error
+    if not isinstance(data, dict):
+        raise DataError(f"{where}: {path.name} holds a {type(data).__name__}, not a JSON object; repair or remove it")
+    return data
+
+
+def _parse(path: Path, where: str, fix: str) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises a bare Exception for any file it cannot parse
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        raise DataError(f"{field}={path}: not a tokenizer file ({reason}); {fix}") from error
+        raise DataError(f"{where}: not a tokenizer file ({reason}); {fix}") from error
 
 
 def _batches(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:

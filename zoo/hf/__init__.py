@@ -1,0 +1,188 @@
+"""Hugging Face models in and out.
+
+    model = zoo.from_hf("path/to/folder")  # or "hf:org/name", or a loaded transformers model
+    cfg = zoo.from_hf_config(hf.config)  # the config alone
+    zoo.hf_exportable(model.config)  # "gpt2", "llama", ...; a ConfigError names what no HF class computes
+    zoo.to_hf(model, "out")  # a folder transformers' Auto classes load, no trust_remote_code
+
+Supported ``model_type``s: ``bert``, ``gpt2``, ``llama``, ``qwen2``, ``t5``, one :class:`Family`
+record each in the registry :data:`FAMILIES` (zoo/hf/families.py). A family's weight map runs in
+both directions (zoo/hf/mapping.py); HF's separate projections are fused into zoo's single matmuls
+by stacking rows and split again on the way out. ``transformers`` is optional: a folder is read
+and written with safetensors and JSON alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.config import ModelConfig
+from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
+from zoo.hf.folder import is_hf_folder, new_folder, read_config, read_tensors, resolve, write_json
+from zoo.hf.mapping import FAMILIES, Exporter, Family, HFClass, Importer
+from zoo.models import ZooModel, build_model
+from zoo.registry import ConfigError
+
+__all__ = ["FAMILIES", "Family", "family_class", "from_hf", "from_hf_config", "hf_exportable", "is_hf_folder",
+           "resolve", "to_hf"]
+
+
+def from_hf_config(hf_config: Any) -> ModelConfig:
+    """A validated :class:`ModelConfig` with the sizes and components of a ``transformers`` config
+    (or any object with its attributes, such as a read config.json).
+
+    Heads depend on the model class, not on its config: a BERT config gives ``pooler=True`` and
+    ``mlm_head=False`` (the ``BertModel`` layout), and a decoder's head tying follows
+    ``tie_word_embeddings``. :func:`from_hf` adjusts both to the weights the model actually has.
+
+    Raises:
+        ValueError: for a model type not registered in ``FAMILIES``, or a setting of a supported
+            one that zoo cannot reproduce (named in the message).
+    """
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise ValueError(f"model_type={model_type!r} is not supported by zoo.from_hf; supported model types: "
+                         f"{', '.join(FAMILIES.names())}")
+    return FAMILIES.get(model_type).config(hf_config).validate()
+
+
+def from_hf(source: nn.Module | str | os.PathLike) -> ZooModel:
+    """The zoo model computing what a HF model computes, in eval mode, its weights loaded with
+    ``load_state_dict(strict=True)`` in their own dtype.
+
+    ``source`` is a loaded ``transformers`` model (weights copied, same device), a folder as
+    ``save_pretrained`` writes it (config.json + model.safetensors, sharded safetensors or
+    pytorch_model.bin, read weights-only), or ``hf:<repo id>`` fetched through ``huggingface_hub``.
+    Bare models (``GPT2Model``, ``BertModel``, ``LlamaModel``...), LM models (``GPT2LMHeadModel``,
+    ``BertForMaskedLM``, ``T5ForConditionalGeneration``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``)
+    and task models wrapping those backbones are read; task heads are left out with a warning.
+    """
+    if isinstance(source, nn.Module):
+        hf_config, owner = source.config, type(source).__name__
+        tensors = dict(source.named_parameters(remove_duplicate=False))
+        prefix = "" if getattr(source, "base_model", source) is source else source.base_model_prefix
+    else:
+        folder = resolve(source)
+        hf_config, owner, tensors = read_config(folder), str(folder), read_tensors(folder)
+        prefix = FAMILIES.get(hf_config.model_type).prefix if hf_config.model_type in FAMILIES else ""
+        prefix = prefix if prefix and any(n.startswith(f"{prefix}.") for n in tensors) else ""
+    cfg = from_hf_config(hf_config)
+    family = FAMILIES.get(hf_config.model_type)
+    base = f"{prefix}." if prefix else ""
+    weights = Importer(tensors, base, owner)
+    cfg = family.weights(weights, cfg)
+    weights.check_leftovers(family.backbone, family.ignored)
+    with torch.device("meta"):  # no allocation: the copied HF tensors become the parameters
+        model = build_model(cfg)
+    model.load_state_dict(weights.out, strict=True, assign=True)
+    unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if unset:
+        raise RuntimeError(f"zoo.from_hf left tensors without values: {unset[:5]}")
+    return model.eval()
+
+
+def hf_exportable(cfg: ModelConfig) -> str:
+    """The HF ``model_type`` whose transformers classes compute ``cfg``'s model exactly.
+
+    Raises:
+        ConfigError: naming the settings no supported family computes (those of the closest one)
+            and the formats that take any composition (zoo's safetensors folder, ONNX).
+    """
+    found = {name: FAMILIES.get(name).unfit(cfg) for name in FAMILIES.names() if FAMILIES.get(name).unfit}
+    for name, problems in found.items():
+        if not problems:
+            return name
+    name, problems = min(found.items(), key=lambda item: (item[1][0].startswith("arch="), len(item[1])))
+    raise ConfigError(f"model.{problems[0]}: no transformers class computes this {cfg.arch} (closest: {name}, "
+                      f"which differs in {'; '.join(problems)}); export it with format=safetensors or format=onnx, "
+                      f"or change those settings")
+
+
+def family_class(cfg: ModelConfig, *, classifier: bool = False) -> str:
+    """The transformers class :func:`to_hf` writes for ``cfg`` (with a sequence-classification head)."""
+    return _hf_class(cfg, classifier)[1].name
+
+
+def _hf_class(cfg: ModelConfig, classifier: bool) -> tuple[Family, HFClass]:
+    family = FAMILIES.get(hf_exportable(cfg))
+    written = family.architecture(cfg, classifier)
+    if written is None:
+        raise ConfigError(f"model.arch={cfg.arch}: transformers has no sequence-classification class zoo writes for "
+                          "this model; export it with format=safetensors or format=onnx")
+    if classifier and not cfg.pooler:
+        raise ConfigError("model.pooler=false: BertForSequenceClassification classifies the pooled first token; "
+                          "train the classifier with model.pooler=true, or export with format=safetensors or onnx")
+    return family, written
+
+
+def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear | None = None,
+          label_names: list[str] | None = None, files: dict[str, str] | None = None,
+          check: Callable[[Path], None] | None = None) -> str:
+    """Write ``model`` as a HF model folder: config.json, model.safetensors (HF names, tied weights
+    once), generation_config.json for a model that generates, and ``files`` (name -> text: tokenizer
+    files, a model card). ``classifier``: a linear head over BERT's pooled output, written as
+    ``BertForSequenceClassification`` with ``label_names``. The folder appears whole or not at all;
+    an existing non-empty ``folder`` is refused. ``check(tmp)`` runs on the finished folder before it
+    takes its name (raise to leave nothing behind). Returns the transformers class written.
+
+    Raises:
+        ConfigError: for a composition no transformers class computes (see :func:`hf_exportable`),
+            before anything is written.
+    """
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    family, written = _hf_class(cfg, classifier is not None)
+    _check_files(files or {})
+    state = dict(model.state_dict())
+    dtype = next(model.parameters()).dtype
+    for tensor, shape in written.zeros.items():
+        state.setdefault(tensor, torch.zeros(shape, dtype=dtype))
+    exporter = Exporter(state, f"{family.prefix}." if written.prefixed else "")
+    family.weights(exporter, written.config)
+    config = {"model_type": hf_exportable(cfg), "architectures": [written.name],
+              "torch_dtype": str(dtype).removeprefix("torch."), **family.write_config(written.config)}
+    if classifier is not None:
+        labels = _check_classifier(classifier, label_names, cfg)
+        exporter.out["classifier.weight"] = classifier.weight.detach().contiguous().clone()
+        exporter.out["classifier.bias"] = classifier.bias.detach().contiguous().clone()
+        config |= {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
+    with new_folder(folder) as tmp:
+        write_json(tmp / "config.json", config)
+        save_file(exporter.out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if type(model).decoding is not None:
+            write_json(tmp / "generation_config.json", _generation_config(cfg, config))
+        for file, text in (files or {}).items():
+            (Path(tmp) / file).write_text(text)
+        if check is not None:
+            check(tmp)
+    return written.name
+
+
+def _check_classifier(head: nn.Linear, label_names: list[str] | None, cfg: ModelConfig) -> list[str]:
+    """The label names of a classifier head that BertForSequenceClassification can hold."""
+    if head.in_features != cfg.d_model or head.bias is None:
+        raise ValueError(f"classifier: an nn.Linear({cfg.d_model}, n_labels) with a bias is what "
+                         f"BertForSequenceClassification holds, not {head}")
+    labels = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(head.out_features)]
+    if len(labels) != head.out_features:
+        raise ValueError(f"label_names: {len(labels)} names for a head of {head.out_features} outputs")
+    return labels
+
+
+def _check_files(files: dict[str, str]) -> None:
+    """Extra files are plain names inside the folder, never paths out of it or over its own files."""
+    for name in files:
+        if Path(name).name != name or name in ("", ".", "..", "config.json", "model.safetensors"):
+            raise ValueError(f"files: {name!r} is not a plain file name for the export folder")
+
+
+def _generation_config(cfg: ModelConfig, config: dict[str, Any]) -> dict[str, Any]:
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    return {key: config[key] for key in keys if config.get(key) is not None}
