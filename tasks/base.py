@@ -33,12 +33,16 @@ class ZooTask(L.LightningModule):
     forms: ClassVar[tuple[str, ...]] = ()  # architecture forms the task can train
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any] | None = None,
-                 tokenizer_json: str | None = None) -> None:
+                 tokenizer_json: str | None = None, adapter: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_json"])
         cfg = zoo.ModelConfig.from_dict(dict(model))
         self.check_model_config(cfg)
         self.model = zoo.build_model(cfg)
+        settings = dict(adapter or {})
+        name = settings.pop("name", "none")
+        if name != "none":  # conf/adapter: LoRA freezes the model and trains its adapters
+            zoo.adapters.apply(self.model, name, **settings)
         self.optimizer_settings = dict(optimizer)
         moved = {k: self.optimizer_settings.pop(k) for k in SCHEDULE_KEYS if k in self.optimizer_settings}
         self.scheduler_settings = {**moved, **(scheduler or {})}  # conf/scheduler: warmup then cosine decay
@@ -151,6 +155,11 @@ class ZooTask(L.LightningModule):
         (written as a sequence-classification model), or None when the model is exported as it is."""
         return None
 
+    def merge_adapter(self) -> None:
+        """Fold a LoRA adapter into the model's weights (what an export writes: a plain dense model)."""
+        if zoo.adapters.adapted_layers(self.model):
+            zoo.adapters.merge(self.model)
+
     def export_tokenizer(self) -> Tokenizer:
         """The tokenizer an export carries: the one the task encodes with, as a user's tokenizer
         call should encode (a task that adds tokens around its inputs says so here)."""
@@ -184,7 +193,7 @@ class ZooTask(L.LightningModule):
             cls.check_model_config(cfg)
         except zoo.ConfigError as error:
             raise zoo.CheckpointError(f"{source}: its model config cannot work: {error}") from None
-        check_tensors(cfg, state, source)
+        check_tensors(cfg, {k: v for k, v in state.items() if not zoo.adapters.is_adapter_tensor(k)}, source)
         bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
         if bad is not None:
             raise zoo.CheckpointError(f"{source}: tensor {bad} holds NaN or infinite values; use a checkpoint saved "
@@ -232,8 +241,9 @@ class ZooTask(L.LightningModule):
         self.load_state_dict(loaded, strict=False)
         skipped = sorted(set(state) - set(loaded))
         fresh = sorted(set(own) - set(loaded))
-        print(f"init_from {source}: {len(loaded)} tensors loaded, {len(skipped)} skipped "
-              f"({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''}), {len(fresh)} freshly initialised")
+        names = f" ({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''})" if skipped else ""
+        print(f"init_from {source}: {len(loaded)} tensors loaded, {len(skipped)} skipped{names}, {len(fresh)} freshly "
+              f"initialised")
 
     # ---- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:

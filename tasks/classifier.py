@@ -20,8 +20,10 @@ class ClassifierTask(ZooTask):
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
                  scheduler: dict[str, Any] | None = None, label_names: list[str],
-                 pooling: str = "cls", head_dropout: float = 0.1, tokenizer_json: str | None = None) -> None:
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
+                 pooling: str = "cls", head_dropout: float = 0.1, tokenizer_json: str | None = None,
+                 adapter: dict[str, Any] | None = None) -> None:
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
+                         adapter=adapter)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {POOLINGS}")
         self.label_names, self.pooling = list(label_names), pooling

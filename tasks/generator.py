@@ -19,8 +19,10 @@ class GeneratorTask(ZooTask):
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
                  scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
+                 adapter: dict[str, Any] | None = None,
                  sample_prompt: str = "def", sample_tokens: int = 48, sample_temperature: float = 0.8) -> None:
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
+                         adapter=adapter)
         self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
         self.sample_temperature = sample_temperature
         self.samples: list[str] = []

@@ -17,8 +17,10 @@ class MLMTask(ZooTask):
     forms = ("encoder",)
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
-                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None) -> None:
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
+                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
+                 adapter: dict[str, Any] | None = None) -> None:
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
+                         adapter=adapter)
         self.add_metrics()
 
     @classmethod

@@ -21,10 +21,12 @@ class TranslatorTask(ZooTask):
 
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
                  scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
+                 adapter: dict[str, Any] | None = None,
                  label_smoothing: float = 0.1, num_beams: int = 1, length_penalty: float = 1.0,
                  max_new_tokens: int = 64, decode_batches: int = 4, n_samples: int = 3) -> None:
         """``decode_batches``: how many validation batches are translated for BLEU/chrF (all test batches are)."""
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json)
+        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
+                         adapter=adapter)
         self.label_smoothing, self.num_beams, self.length_penalty = label_smoothing, num_beams, length_penalty
         self.max_new_tokens, self.decode_batches, self.n_samples = max_new_tokens, decode_batches, n_samples
         self.samples: list[tuple[str, str, str]] = []

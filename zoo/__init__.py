@@ -5,7 +5,7 @@
     logits = model(input_ids)  # (B, T, V)
 """
 
-from zoo import attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
+from zoo import adapters, attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
 from zoo.config import ModelConfig
 from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy

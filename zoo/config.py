@@ -65,6 +65,8 @@ class ModelConfig:
     pooler: bool = False  # encoder: dense+tanh over the first token
     mlm_head: bool = False  # encoder: BERT masked-LM head (transform + tied decoder)
     init_std: float = 0.02
+    window: int | None = None  # sliding_window mask: a query sees itself and the window - 1 positions before it
+    activation_checkpointing: str = "none"  # "none", "all" (every block) or "every_<k>": recompute in backward
     # special tokens used by generation
     pad_token_id: int = 0
     eos_token_id: int | None = None
@@ -170,7 +172,25 @@ class ModelConfig:
                 f"{_divisors(self.n_heads)}"
             )
 
+    @property
+    def checkpoint_every(self) -> int:
+        """Every how many blocks activations are recomputed in backward (0: never; 1: every block)."""
+        policy = str(self.activation_checkpointing).lower()
+        if policy in ("none", "false"):
+            return 0
+        if policy in ("all", "true"):
+            return 1
+        every = policy.removeprefix("every_")
+        if policy.startswith("every_") and every.isdigit() and int(every) > 0:
+            return int(every)
+        raise ConfigError(f"activation_checkpointing={self.activation_checkpointing!r}: choose none, all (true) or "
+                          f"every_<k> (every k-th block, e.g. every_2)")
+
     def _check_values(self) -> None:
+        self.checkpoint_every  # noqa: B018  (raises for an unknown policy)
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window <= 0):
+            raise ConfigError(f"window={self.window!r} must be a positive integer (the positions a query sees)")
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:

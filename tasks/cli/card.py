@@ -115,7 +115,7 @@ def data_lines(task: ZooTask, checkpoint: dict[str, Any], config: dict[str, Any]
     lines = []
     if run.get("data_module"):
         source = f", source `{data['source']}`" if data.get("source") else ""
-        args = ", ".join(f"{k}={v}" for k, v in (data.get("source_args") or {}).items())
+        args = ", ".join(f"{k}={v}" for k, v in (data.get("source_args") or {}).items() if v is not None)
         lines.append(f"data module: `{run['data_module']}`{source}" + (f" ({args})" if args else ""))
     sizes = [f"{label} {data[key]}" for key, label in (("seq_len", "sequence length"), ("batch_size", "batch size"))
              if data.get(key) is not None]

@@ -254,6 +254,7 @@ def main(cfg: DictConfig) -> float:
     quiet_libraries()
     out = Path(cfg.out).expanduser()
     task, checkpoint = task_and_checkpoint(cfg.ckpt_path)
+    task.merge_adapter()  # a LoRA run is exported as the dense model it computes
     info, command = checkpoint["zoo_run"], " ".join(["zoo-export", *sys.argv[1:]])
     if cfg.format == "hf":
         return hf_verb(task, checkpoint, out, command)

@@ -64,7 +64,9 @@ def check_reload(task: ZooTask, folder: Path, architecture: str) -> float:
     """Load ``folder`` with transformers and compare: logits (at real tokens) on the form's padded
     example batch, then greedy tokens for a model that generates. A UserError above the tolerance."""
     import transformers
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # a bar over a few dozen tensors says nothing
     hf = getattr(transformers, architecture).from_pretrained(folder).eval()
     model = task.model
     inputs = type(model).example_inputs(model.config)

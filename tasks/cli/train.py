@@ -113,9 +113,10 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     """The task ``cfg.task`` names, on the data's tokenizer and sizes; its weights from ``init_from``
     when given; compiled when asked."""
     scheduler = OmegaConf.to_container(cfg.scheduler) if "scheduler" in cfg else None  # None: a run of 0.x resumed
+    adapter = OmegaConf.to_container(cfg.adapter) if "adapter" in cfg else None
     task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
-                       scheduler=scheduler, tokenizer_json=datamodule.tokenizer_json(), **datamodule.task_info(),
-                       _convert_="all")
+                       scheduler=scheduler, adapter=adapter, tokenizer_json=datamodule.tokenizer_json(),
+                       **datamodule.task_info(), _convert_="all")
     task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
     task.specials = datamodule.specials_record()
     if start:
@@ -197,11 +198,15 @@ def data_sizes(cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int
     return sizes
 
 
+HOW_IT_RUNS = ("activation_checkpointing",)  # model fields a resumed run may change: same weights, same outputs
+
+
 def check_same_model(model_cfg: zoo.ModelConfig, checkpoint: dict[str, Any], path: str) -> None:
     """A resumed run trains the model it checkpointed: the composed model must be that one."""
     theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"])).to_dict()
     mine = model_cfg.to_dict()
-    diff = [f"model.{k}={theirs[k]!r} there, {mine[k]!r} here" for k in mine if mine[k] != theirs.get(k)]
+    diff = [f"model.{k}={theirs[k]!r} there, {mine[k]!r} here" for k in mine
+            if mine[k] != theirs.get(k) and k not in HOW_IT_RUNS]
     if diff:
         run_dir = Path(path).resolve().parent.parent
         raise zoo.ConfigError(f"ckpt_path={path} was trained with another model ({'; '.join(diff[:3])}"

@@ -99,9 +99,9 @@ def hf_exportable(cfg: ModelConfig) -> str:
         if not problems:
             return name
     name, problems = min(found.items(), key=lambda item: (item[1][0].startswith("arch="), len(item[1])))
-    raise ConfigError(f"model.{problems[0]}: no transformers class computes this {cfg.arch} (closest: {name}, "
-                      f"which differs in {'; '.join(problems)}); export it with format=safetensors or format=onnx, "
-                      f"or change those settings")
+    raise ConfigError(f"model.{problems[0].split(' (')[0]}: no transformers class computes this {cfg.arch}; the "
+                      f"closest, {name}, differs in {'; '.join(problems)}. Export it with format=safetensors or "
+                      f"format=onnx, or change those settings")
 
 
 def family_class(cfg: ModelConfig, *, classifier: bool = False) -> str:
