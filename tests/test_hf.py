@@ -282,6 +282,8 @@ _TINY = {  # one tiny model per registered family
     "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
     "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
     "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
+    "mistral": lambda: _build(transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig,
+                                                                              sliding_window=4)),
 }
 
 
@@ -314,21 +316,24 @@ def test_default_configs_give_published_sizes(config, expected):
 
 
 def test_a_family_registered_from_outside_converts():
-    """A new model_type is one record: Mistral without its sliding window is Llama's layout."""
+    """A new model_type is one record: Mistral without its sliding window is Llama's layout (zoo's own
+    mistral record is set aside meanwhile)."""
     llama = zoo.hf.FAMILIES.get("llama")
+    own = zoo.hf.FAMILIES.unregister("mistral")
     zoo.hf.FAMILIES.register("mistral")(zoo.hf.Family(llama.config, llama.weights, llama.backbone))
     try:
         hf = _build(transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=None))
         model = _convert(hf)
     finally:
         zoo.hf.FAMILIES.unregister("mistral")
+        zoo.hf.FAMILIES.register("mistral")(own)
     ids = _tokens(2, 12)
     with torch.no_grad():
         _close(model(ids), hf(ids).logits)
 
 
 def test_unsupported_model_type_raises():
-    with pytest.raises(ValueError, match="supported model types: bert, gpt2, llama, qwen2, t5"):
+    with pytest.raises(ValueError, match="supported model types: bert, gpt2, llama, mistral, qwen2, t5"):
         zoo.from_hf_config(transformers.BartConfig())
 
 

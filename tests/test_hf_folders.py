@@ -193,8 +193,8 @@ def test_bf16_folder_keeps_its_dtype(tmp_path):
 
 
 # ---- 2. config defaults -------------------------------------------------------------------------------
-CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "llama": "LlamaConfig", "qwen2": "Qwen2Config",
-                  "t5": "T5Config"}
+CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig",
+                  "qwen2": "Qwen2Config", "t5": "T5Config"}
 
 
 def _hf_default(cls: type, key: str):

@@ -99,8 +99,8 @@ def test_how_to_load_fits_the_format(trained):
         hf = code_block(card_of(task, checkpoint, "hf", hf_class=hf_class))
         assert f"from transformers import {auto}, AutoTokenizer" in hf
         assert f"model = {auto}.from_pretrained(folder)" in hf and "AutoTokenizer.from_pretrained(folder)" in hf
-    other = code_block(card_of(task, checkpoint, "hf", hf_class="MistralForCausalLM"))  # no Auto class known
-    assert "model = MistralForCausalLM.from_pretrained(folder)" in other
+    other = code_block(card_of(task, checkpoint, "hf", hf_class="GPTNeoXForCausalLM"))  # no Auto class known
+    assert "model = GPTNeoXForCausalLM.from_pretrained(folder)" in other
 
 
 def test_bad_arguments_are_refused(trained):

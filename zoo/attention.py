@@ -16,6 +16,7 @@ Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswan
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,13 @@ class AttentionInputs:
     mask: Tensor | None = None  # bool (True = attend) or float (added to scores), broadcast to (B, H, Tq, Tk)
     is_causal: bool = False  # plain causal mask over Tq == Tk positions, left to the kernel
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) for q and k
+
+    def for_last_keys(self, n_keys: int) -> AttentionInputs:
+        """These inputs over the last ``n_keys`` keys only: the mask's columns are the positions
+        0..P+T-1, and a bounded KV cache (zoo.kv_cache) returns only the newest ones."""
+        if self.mask is None or self.mask.shape[-1] <= n_keys:
+            return self
+        return dataclasses.replace(self, mask=self.mask[..., -n_keys:])  # (..., Tq, n_keys)
 
 
 Kernel = Callable[..., Tensor]
@@ -142,7 +150,8 @@ class SelfAttention(Attention):
         if inputs.rotary is not None:
             q, k = apply_rotary(q, *inputs.rotary), apply_rotary(k, *inputs.rotary)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, KV, cache length, hd)
+            k, v = cache.append(k, v)  # (B, KV, held + T, hd); a bounded cache holds only the last positions
+            inputs = inputs.for_last_keys(k.shape[2])
         return self._attend(q, k, v, inputs)
 
 

@@ -4,6 +4,10 @@ A block receives its sub-modules; the stack wires them from a config. The encode
 and the encoder-decoder's two halves are all a :class:`Stack`; they differ only in their mask and
 in whether blocks carry cross-attention.
 
+Activation checkpointing (``activation_checkpointing`` in the config) trades compute for memory: a
+checkpointed block keeps only its inputs in the forward pass and runs again in backward to rebuild
+what its gradients need (Chen et al. 2016, https://arxiv.org/abs/1604.06174). See :class:`Stack`.
+
 Notation: B batch, T new positions, P positions already in the cache, S source (memory) length,
 D model width, H heads.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import AttentionInputs, CrossAttention, SelfAttention
 from zoo.config import ModelConfig
@@ -58,11 +63,29 @@ def build_block(cfg: ModelConfig, *, cross: bool) -> Block:
 
 
 class Stack(nn.Module):
-    """Position encoding + blocks (+ the norms the placement asks for), over embedded inputs."""
+    """Position encoding + blocks (+ the norms the placement asks for), over embedded inputs.
+
+    ``checkpoint_every`` (from ``cfg.checkpoint_every``; assignable on a built stack): 0 never
+    checkpoints, k > 0 recomputes blocks 0, k, 2k, ... in backward. Checkpointing uses
+    ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``, which
+
+    - restores the RNG state before recomputing (``preserve_rng_state``), so dropout draws the same
+      masks and gradients equal those of the plain forward;
+    - lets gradients reach tensors that are not positional arguments: the memory of
+      cross-attention, and the mask or learned position bias carried inside ``AttentionInputs``;
+    - works under DDP and FSDP: each parameter's gradient comes once from the ordinary autograd
+      graph, so DDP's reducer needs neither ``static_graph`` nor ``find_unused_parameters`` (the
+      reentrant variant does). The recompute calls the block module again, hooks included; with a
+      block sharded as its own unit (``fully_shard(block)``) it runs within that block's backward,
+      when FSDP has already gathered its parameters (its forward hook, seeing the pre-backward
+      state, does not gather them twice).
+
+    It is off while a KV cache is filled or read: a recompute would append the keys twice.
+    """
 
     def __init__(self, cfg: ModelConfig, *, n_layers: int, mask: str, cross: bool = False) -> None:
         super().__init__()
-        self.mask = MASK.get(mask, field="mask")()
+        self.mask = MASK.get(mask, field="mask").from_config(cfg)
         self.position: Position = POSITION.get(cfg.position, field="position").from_config(
             cfg, causal=self.mask.causal)
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
@@ -70,6 +93,7 @@ class Stack(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(build_block(cfg, cross=cross) for _ in range(n_layers))
         self.final_norm = build_norm(cfg) if placement.final_norm else None
+        self.checkpoint_every = cfg.checkpoint_every
 
     def forward(self, x: Tensor, *, padding_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 prefix_len: int | Tensor | None = None, cache: Cache | None = None,
@@ -97,9 +121,19 @@ class Stack(nn.Module):
         if self.blocks and self.blocks[0].cross_attn is not None:
             keep = _padding(memory_mask)
             memory_inputs = AttentionInputs(mask=None if keep is None else keep[:, None, None, :])
+        every = self.checkpoint_every if self.checkpointing(cache) else 0
         for i, block in enumerate(self.blocks):
-            x = block(x, inputs, cache=cache, layer=i, memory=memory, memory_inputs=memory_inputs)
+            if every and i % every == 0:  # keep the block's inputs only; recompute it in backward
+                x = checkpoint(block, x, inputs, use_reentrant=False, cache=cache, layer=i, memory=memory,
+                               memory_inputs=memory_inputs)
+            else:
+                x = block(x, inputs, cache=cache, layer=i, memory=memory, memory_inputs=memory_inputs)
         return x if self.final_norm is None else self.final_norm(x)
+
+    def checkpointing(self, cache: Cache | None = None) -> bool:
+        """Whether this forward checkpoints blocks: a policy is set, the stack trains, autograd
+        records, and no KV cache is in use (decoding never recomputes)."""
+        return bool(self.checkpoint_every) and self.training and torch.is_grad_enabled() and cache is None
 
     def _self_attention_inputs(self, past: int, q_pos: Tensor, padding_mask: Tensor | None,
                                prefix_len: int | Tensor | None) -> AttentionInputs:

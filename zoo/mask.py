@@ -5,6 +5,10 @@
 - ``bidirectional``: every key (BERT, the T5 encoder); only padding is masked.
 - ``prefix``: bidirectional over the first ``prefix_len`` positions, causal after (Raffel et al.
   2020's prefix LM; UniLM).
+- ``sliding_window``: only keys within ``window`` positions (local attention: Beltagy et al. 2020,
+  Longformer; Jiang et al. 2023, Mistral 7B). A decoder's query i sees i - window < j <= i, an
+  encoder's |i - j| < window. A KV cache then needs only the last ``window - 1`` positions
+  (``Mask.lookback``), so memory stays bounded however long generation runs.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from zoo.config import ModelConfig
-from zoo.registry import MASK
+from zoo.registry import MASK, ConfigError
 
 
 class Mask:
@@ -24,10 +28,19 @@ class Mask:
     kernel_causal: ClassVar[bool] = False  # exactly the lower triangle: kernels' is_causal can do it
     bidirectional: ClassVar[bool] = False  # every query sees every key: nothing is left to predict
     needs_prefix_len: ClassVar[bool] = False  # forward (and generation) must pass prefix_len
+    lookback: int | None = None  # keys before its own position a query may still see (None: all); caches keep that many
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         """Raise ConfigError for settings this mask cannot work with (ModelConfig.validate calls it)."""
+        if cfg.window is not None:
+            raise ConfigError(f"window={cfg.window} is read by mask='sliding_window' only; set mask=sliding_window "
+                              f"or leave window unset (mask={cfg.resolved_mask!r} ignores it)")
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> Mask:
+        """The mask of a stack of ``cfg``'s model (the stack calls it once, when it is built)."""
+        return cls()
 
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor | None:
         """A boolean (Tq, Tk) or (B, 1, Tq, Tk) tensor, True where attention is allowed; None: all."""
@@ -62,3 +75,39 @@ class Prefix(Mask):
             in_prefix = k_pos[None, :] < prefix_len[:, None]  # (B, Tk)
             return causal[None, None] | in_prefix[:, None, None, :]  # (B, 1, Tq, Tk)
         return causal | (k_pos < prefix_len)[None, :]
+
+
+@MASK.register("sliding_window")
+class SlidingWindow(Mask):
+    """Each query sees the keys less than ``window`` positions away: |i - j| < window, the band of an
+    encoder. In a form whose own mask is causal, ``from_config`` makes a :class:`CausalSlidingWindow`.
+    Positions are indices in the (left-padded) sequence, so padding never shifts a real token's window."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.lookback = window - 1
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.window is None:
+            raise ConfigError("mask='sliding_window' needs window, the positions a query sees (itself included), "
+                              "e.g. window=4096")
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> SlidingWindow:
+        assert cfg.window is not None  # check (called by ModelConfig.validate) guarantees it
+        causal = MASK.get(cfg.form.natural_mask, field="mask").causal
+        return (CausalSlidingWindow if causal else SlidingWindow)(cfg.window)
+
+    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
+        return (q_pos[:, None] - k_pos[None, :]).abs() < self.window  # (Tq, Tk)
+
+
+class CausalSlidingWindow(SlidingWindow):
+    """A decoder's window: the query itself and the ``window - 1`` keys before it, i - window < j <= i."""
+
+    causal = True
+
+    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
+        behind = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk): how far each key lies before its query
+        return (behind >= 0) & (behind < self.window)

@@ -104,9 +104,10 @@ class ZooModel(GenerationMixin, nn.Module):
                 nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
 
     def new_cache(self, capacity: int = 256) -> Cache:
-        """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode."""
+        """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode; it keeps
+        only as many past positions as the decoder's mask lets a query see (``Mask.lookback``)."""
         decoder = self.stacks()[-1]
-        return Cache(len(decoder.blocks), cross=self.cross_attention, capacity=capacity)
+        return Cache(len(decoder.blocks), cross=self.cross_attention, capacity=capacity, keep=decoder.mask.lookback)
 
     def embed_tokens(self, input_ids: Tensor) -> Tensor:
         """(B, T) token ids -> (B, T, D) embeddings, times ``embed_scale``. With sinusoidal

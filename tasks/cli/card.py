@@ -17,7 +17,8 @@ from tasks import TASKS, ZooTask
 FORMATS = {"safetensors": "safetensors", "onnx": "ONNX", "hf": "a Hugging Face transformers folder"}
 AUTO_CLASSES = {  # the transformers class zoo-export format=hf writes -> the Auto class that loads it
     "GPT2LMHeadModel": "AutoModelForCausalLM", "LlamaForCausalLM": "AutoModelForCausalLM",
-    "Qwen2ForCausalLM": "AutoModelForCausalLM", "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "Qwen2ForCausalLM": "AutoModelForCausalLM", "MistralForCausalLM": "AutoModelForCausalLM",
+    "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
     "BertForMaskedLM": "AutoModelForMaskedLM", "BertForSequenceClassification": "AutoModelForSequenceClassification",
     "BertModel": "AutoModel",
 }

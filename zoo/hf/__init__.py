@@ -5,8 +5,8 @@
     zoo.hf_exportable(model.config)  # "gpt2", "llama", ...; a ConfigError names what no HF class computes
     zoo.to_hf(model, "out")  # a folder transformers' Auto classes load, no trust_remote_code
 
-Supported ``model_type``s: ``bert``, ``gpt2``, ``llama``, ``qwen2``, ``t5``, one :class:`Family`
-record each in the registry :data:`FAMILIES` (zoo/hf/families.py). A family's weight map runs in
+Supported ``model_type``s: ``bert``, ``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``t5``, one :class:`Family`
+record each in the registry :data:`FAMILIES` (zoo/hf/families.py, rope_decoders.py). A family's weight map runs in
 both directions (zoo/hf/mapping.py); HF's separate projections are fused into zoo's single matmuls
 by stacking rows and split again on the way out. ``transformers`` is optional: a folder is read
 and written with safetensors and JSON alone.
@@ -24,6 +24,7 @@ from torch import nn
 
 from zoo.config import ModelConfig
 from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
+from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
 from zoo.hf.folder import is_hf_folder, new_folder, read_config, read_tensors, resolve, write_json
 from zoo.hf.mapping import FAMILIES, Exporter, Family, HFClass, Importer
 from zoo.models import ZooModel, build_model

@@ -1,7 +1,8 @@
 """The supported HF families: for each ``model_type`` a config reader (HF -> zoo; its docstring says
 what the family becomes), a weight map (run in both directions by zoo.hf.mapping's mappers), a
 config writer (zoo -> HF) and the list of zoo settings its transformers classes cannot compute.
-A new family is its functions here and one ``FAMILIES.register`` line at the end.
+GPT-2, BERT and T5 are here, the RoPE decoders (Llama, Mistral, Qwen2) in rope_decoders.py; a new
+family is its functions and one ``FAMILIES.register`` line at the end of such a module.
 """
 
 from __future__ import annotations
@@ -13,21 +14,24 @@ from zoo.config import ModelConfig
 from zoo.hf.mapping import FAMILIES, Family, HFClass, Mapper, activation, first, token_id
 from zoo.registry import FFN
 
-_BUFFERS = ("attn.bias", "attn.masked_bias", "position_ids", "rotary_emb.inv_freq")  # saved by old versions
+BUFFERS = ("attn.bias", "attn.masked_bias", "position_ids", "rotary_emb.inv_freq")  # saved by old versions
+WINDOW = ("sliding_window",)  # zoo's mask for HF's sliding_window, in the families whose classes apply one
 
 
 # ---- what a family can export ----------------------------------------------------------------------
-def _differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[str]:
+def differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[str]:
     """``field=value (<family> has ...)`` for each field whose value is not among the allowed ones."""
     return [f"{name}={getattr(cfg, name)} ({family} has {' or '.join(map(str, values))})"
             for name, values in allowed.items() if getattr(cfg, name) not in values]
 
 
-def _plain(cfg: ModelConfig, family: str) -> list[str]:
-    """What no family here computes: a mask other than the form's own, scaled embeddings."""
-    problems = [] if cfg.mask in (None, cfg.form.natural_mask) else [f"mask={cfg.mask} ({family} has "
-                                                                     f"{cfg.form.natural_mask} attention)"]
-    return problems + _differs(cfg, family, embed_scale=(1.0,))
+def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = ()) -> list[str]:
+    """What no family here computes: a mask other than the form's own (or one of ``masks``, those
+    the family's classes also apply), scaled embeddings."""
+    natural = cfg.form.natural_mask
+    problems = [] if cfg.mask in (None, natural, *masks) else [f"mask={cfg.mask} ({family} has "
+                                                               f"{' or '.join((natural, *masks))} attention)"]
+    return problems + differs(cfg, family, embed_scale=(1.0,))
 
 
 def _mha(cfg: ModelConfig, family: str) -> list[str]:
@@ -42,11 +46,11 @@ def _gelu_name(cfg: ModelConfig) -> str:
     return "relu" if cfg.ffn == "relu" else {"none": "gelu", "tanh": "gelu_new"}[cfg.gelu_approximate]
 
 
-def _attn_dropout(cfg: ModelConfig) -> float:
+def attn_dropout(cfg: ModelConfig) -> float:
     return cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
 
 
-def _ids(cfg: ModelConfig) -> dict[str, Any]:
+def ids(cfg: ModelConfig) -> dict[str, Any]:
     return {"pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id}
 
 
@@ -86,7 +90,7 @@ def _gpt2_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _gpt2_unfit(cfg: ModelConfig) -> list[str]:
-    return _differs(cfg, "GPT-2", arch=("decoder",)) + _plain(cfg, "GPT-2") + _mha(cfg, "GPT-2") + _differs(
+    return differs(cfg, "GPT-2", arch=("decoder",)) + plain(cfg, "GPT-2") + _mha(cfg, "GPT-2") + differs(
         cfg, "GPT-2", position=("learned",), norm=("layernorm",), norm_placement=("pre",), ffn=("gelu", "relu"),
         bias=(True,), qkv_bias=(None, True), attn_scale=(None, 1.0), logit_scale=(1.0,))
 
@@ -95,9 +99,9 @@ def _gpt2_write(cfg: ModelConfig) -> dict[str, Any]:
     return {"n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.resolved_d_ff,
             "n_positions": cfg.max_seq_len, "activation_function": _gelu_name(cfg), "vocab_size": cfg.vocab_size,
             "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": cfg.attn_scale is None,
-            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": _attn_dropout(cfg),
+            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": attn_dropout(cfg),
             "initializer_range": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings,
-            "bos_token_id": cfg.eos_token_id, **_ids(cfg)}
+            "bos_token_id": cfg.eos_token_id, **ids(cfg)}
 
 
 # ---- BERT ----------------------------------------------------------------------------------------------
@@ -150,7 +154,7 @@ def _bert_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _bert_unfit(cfg: ModelConfig) -> list[str]:
-    return _differs(cfg, "BERT", arch=("encoder",)) + _plain(cfg, "BERT") + _mha(cfg, "BERT") + _differs(
+    return differs(cfg, "BERT", arch=("encoder",)) + plain(cfg, "BERT") + _mha(cfg, "BERT") + differs(
         cfg, "BERT", position=("learned",), norm=("layernorm",), norm_placement=("post",), ffn=("gelu", "relu"),
         bias=(True,), qkv_bias=(None, True), attn_scale=(None,), logit_scale=(1.0,))
 
@@ -160,8 +164,8 @@ def _bert_write(cfg: ModelConfig) -> dict[str, Any]:
             "intermediate_size": cfg.resolved_d_ff, "hidden_act": _gelu_name(cfg), "vocab_size": cfg.vocab_size,
             "max_position_embeddings": cfg.max_seq_len, "type_vocab_size": max(cfg.type_vocab_size, 1),
             "layer_norm_eps": cfg.norm_eps, "hidden_dropout_prob": cfg.dropout,
-            "attention_probs_dropout_prob": _attn_dropout(cfg), "initializer_range": cfg.init_std,
-            "position_embedding_type": "absolute", "tie_word_embeddings": True, **_ids(cfg)}
+            "attention_probs_dropout_prob": attn_dropout(cfg), "initializer_range": cfg.init_std,
+            "position_embedding_type": "absolute", "tie_word_embeddings": True, **ids(cfg)}
 
 
 # ---- T5 ------------------------------------------------------------------------------------------------
@@ -228,7 +232,7 @@ def _t5_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _t5_unfit(cfg: ModelConfig) -> list[str]:
-    problems = _differs(cfg, "T5", arch=("encoder_decoder",)) + _plain(cfg, "T5") + _differs(
+    problems = differs(cfg, "T5", arch=("encoder_decoder",)) + plain(cfg, "T5") + differs(
         cfg, "T5", position=("t5_relative",), norm=("rmsnorm",), norm_placement=("pre",), bias=(False,),
         qkv_bias=(None, False), attn_scale=(1.0,), ffn=("relu", "gelu", "geglu", "swiglu"))
     if cfg.resolved_n_kv_heads != cfg.n_heads:
@@ -252,112 +256,7 @@ def _t5_write(cfg: ModelConfig) -> dict[str, Any]:
             "layer_norm_epsilon": cfg.norm_eps, "dropout_rate": cfg.dropout,
             "initializer_factor": cfg.init_std * cfg.d_model**0.5, "is_encoder_decoder": True,
             "tie_word_embeddings": cfg.tie_embeddings, "scale_decoder_outputs": cfg.tie_embeddings,
-            "decoder_start_token_id": cfg.decoder_start_token_id, **_ids(cfg)}
-
-
-# ---- Llama and Qwen2 -----------------------------------------------------------------------------------
-def _rope(c: Any) -> dict[str, Any]:
-    """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling`` (4.x)."""
-    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-    base = float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
-    partial = params.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
-    if partial not in (None, 1.0):
-        raise ValueError(f"partial_rotary_factor={partial} is not supported; zoo rotates the whole head")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return {"rope_base": base}
-    if kind == "linear":
-        return {"rope_base": base, "rope_scaling": "linear", "rope_scaling_factor": float(params["factor"])}
-    raise ValueError(f"rope_type={kind!r} is not supported; supported: 'default', 'linear' (zoo's 'ntk' is a "
-                     "fixed NTK-aware base, not HF's length-dependent 'dynamic')")
-
-
-def _llama_config(c: Any) -> ModelConfig:
-    attention_bias, mlp_bias = getattr(c, "attention_bias", False), getattr(c, "mlp_bias", False)
-    if attention_bias != mlp_bias:
-        raise ValueError(f"{c.model_type}: attention_bias={attention_bias} with mlp_bias={mlp_bias} has no zoo "
-                         "equivalent; zoo's bias covers the attention and FFN projections together")
-    return _rope_decoder_config(c, bias=attention_bias, qkv_bias=None)
-
-
-def _qwen2_config(c: Any) -> ModelConfig:
-    layer_types = getattr(c, "layer_types", None) or []
-    if getattr(c, "use_sliding_window", False) and any(t != "full_attention" for t in layer_types):
-        raise ValueError("qwen2: sliding-window attention (use_sliding_window=True) is not supported")
-    return _rope_decoder_config(c, bias=False, qkv_bias=True)
-
-
-def _rope_decoder_config(c: Any, *, bias: bool, qkv_bias: bool | None) -> ModelConfig:
-    """Llama and Qwen2: decoder, RoPE (rotate-half layout in both libraries), RMSNorm, SwiGLU, GQA;
-    Qwen2's q/k/v biases become ``qkv_bias=True``."""
-    d, h, head_dim = c.hidden_size, c.num_attention_heads, getattr(c, "head_dim", None)
-    eos = token_id(c, "eos_token_id")
-    return ModelConfig(
-        arch="decoder", vocab_size=c.vocab_size, d_model=d, n_layers=c.num_hidden_layers, n_heads=h,
-        n_kv_heads=c.num_key_value_heads or h,
-        head_dim=None if head_dim is None or (d % h == 0 and head_dim == d // h) else head_dim,
-        d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, position="rope", **_rope(c),
-        norm="rmsnorm", norm_placement="pre", **activation(c.hidden_act, gated=True, field="hidden_act"),
-        bias=bias, qkv_bias=qkv_bias, tie_embeddings=c.tie_word_embeddings, norm_eps=c.rms_norm_eps,
-        dropout=0.0, attn_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
-        init_std=c.initializer_range, eos_token_id=eos, pad_token_id=first(token_id(c, "pad_token_id"), eos, 0),
-    )
-
-
-def _llama_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
-    b = w.base
-    qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
-    hd, kv = cfg.resolved_head_dim, cfg.resolved_n_kv_heads
-    w.copy("embed", f"{b}embed_tokens")
-    for i in range(cfg.n_layers):
-        z, h = f"decoder.blocks.{i}", f"{b}layers.{i}"
-        w.copy(f"{z}.attn_res.norm", f"{h}.input_layernorm")
-        w.fuse(f"{z}.attn.qkv", [f"{h}.self_attn.{p}_proj" for p in "qkv"], bias=qkv_bias,
-               sizes=[cfg.n_heads * hd, kv * hd, kv * hd])
-        w.copy(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=cfg.bias)
-        w.copy(f"{z}.ffn_res.norm", f"{h}.post_attention_layernorm")
-        w.fuse(f"{z}.ffn.fc", [f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"], bias=cfg.bias)
-        w.copy(f"{z}.ffn.proj", f"{h}.mlp.down_proj", bias=cfg.bias)
-    w.copy("decoder.final_norm", f"{b}norm")
-    return w.lm_head(cfg, f"{b}embed_tokens.weight")
-
-
-def _rope_decoder_unfit(cfg: ModelConfig, family: str, **bias: tuple[Any, ...]) -> list[str]:
-    return _differs(cfg, family, arch=("decoder",)) + _plain(cfg, family) + _differs(
-        cfg, family, position=("rope",), norm=("rmsnorm",), norm_placement=("pre",), ffn=("swiglu",),
-        rope_scaling=("none", "linear"), attn_scale=(None,), logit_scale=(1.0,), **bias)
-
-
-def _llama_unfit(cfg: ModelConfig) -> list[str]:
-    return _rope_decoder_unfit(cfg, "Llama", qkv_bias=(None, cfg.bias))
-
-
-def _qwen2_unfit(cfg: ModelConfig) -> list[str]:
-    """Qwen2's head size is d_model / n_heads in transformers 4.x (5.x reads head_dim): only that one."""
-    problems = _rope_decoder_unfit(cfg, "Qwen2", bias=(False,), qkv_bias=(True,))
-    if cfg.resolved_head_dim * cfg.n_heads != cfg.d_model:
-        problems.append(f"head_dim={cfg.head_dim} (Qwen2 has head_dim = d_model / n_heads)")
-    return problems
-
-
-def _llama_write(cfg: ModelConfig) -> dict[str, Any]:
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_base}
-    if cfg.rope_scaling == "linear":
-        rope = {"rope_type": "linear", "rope_theta": cfg.rope_base, "factor": cfg.rope_scaling_factor}
-    return {"hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.resolved_n_kv_heads, "head_dim": cfg.resolved_head_dim,
-            "intermediate_size": cfg.resolved_d_ff, "hidden_act": "silu", "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.max_seq_len or 2048, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_base, "rope_parameters": rope, "attention_bias": cfg.bias, "mlp_bias": cfg.bias,
-            "attention_dropout": _attn_dropout(cfg), "initializer_range": cfg.init_std,
-            "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.eos_token_id, **_ids(cfg)}
-
-
-def _qwen2_write(cfg: ModelConfig) -> dict[str, Any]:
-    written = _llama_write(cfg)
-    for key in ("attention_bias", "mlp_bias"):  # Qwen2: q/k/v biases always, no others
-        written.pop(key)
-    return {**written, "use_sliding_window": False}
+            "decoder_start_token_id": cfg.decoder_start_token_id, **ids(cfg)}
 
 
 def _bert_class(cfg: ModelConfig, classifier: bool) -> HFClass:
@@ -382,44 +281,27 @@ def _t5_class(cfg: ModelConfig, classifier: bool) -> HFClass | None:
     return HFClass("T5ForConditionalGeneration", False, cfg.replace(tie_embeddings=False) if unscaled_tie else cfg)
 
 
-def _lm_class(name: str) -> Callable[[ModelConfig, bool], HFClass | None]:
+def lm_class(name: str) -> Callable[[ModelConfig, bool], HFClass | None]:
     """A decoder family whose only class is its LM (no sequence-classification head is written)."""
     return lambda cfg, classifier: None if classifier else HFClass(name, True, cfg)
 
 
 # ---- the records -----------------------------------------------------------------------------------------
-_LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                   "num_attention_heads": 32, "num_key_value_heads": None, "hidden_act": "silu",
-                   "max_position_embeddings": 2048, "initializer_range": 0.02, "rms_norm_eps": 1e-6,
-                   "tie_word_embeddings": False, "rope_theta": 10000.0, "attention_bias": False,
-                   "mlp_bias": False, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2}
-_QWEN2_DEFAULTS = {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
-                   "max_position_embeddings": 32768, "use_sliding_window": False, "bos_token_id": None,
-                   "eos_token_id": None}
-
 FAMILIES.register("bert")(Family(
     _bert_config, _bert_weights, backbone=("embeddings", "encoder", "pooler"), prefix="bert",
     defaults={"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
               "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
               "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
               "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0},
-    write_config=_bert_write, unfit=_bert_unfit, ignored=_BUFFERS, architecture=_bert_class))
+    write_config=_bert_write, unfit=_bert_unfit, ignored=BUFFERS, architecture=_bert_class))
 FAMILIES.register("gpt2")(Family(
     _gpt2_config, _gpt2_weights, backbone=("wte", "wpe", "h", "ln_f"), prefix="transformer",
     defaults={"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
               "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1,
               "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
               "scale_attn_weights": True, "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True},
-    write_config=_gpt2_write, unfit=_gpt2_unfit, ignored=_BUFFERS,
-    architecture=_lm_class("GPT2LMHeadModel")))
-FAMILIES.register("llama")(Family(
-    _llama_config, _llama_weights, backbone=("embed_tokens", "layers", "norm"), prefix="model",
-    defaults=_LLAMA_DEFAULTS, write_config=_llama_write, unfit=_llama_unfit, ignored=_BUFFERS,
-    architecture=_lm_class("LlamaForCausalLM")))
-FAMILIES.register("qwen2")(Family(
-    _qwen2_config, _llama_weights, backbone=("embed_tokens", "layers", "norm"), prefix="model",
-    defaults=_QWEN2_DEFAULTS, write_config=_qwen2_write, unfit=_qwen2_unfit, ignored=_BUFFERS,
-    architecture=_lm_class("Qwen2ForCausalLM")))
+    write_config=_gpt2_write, unfit=_gpt2_unfit, ignored=BUFFERS,
+    architecture=lm_class("GPT2LMHeadModel")))
 FAMILIES.register("t5")(Family(
     _t5_config, _t5_weights, backbone=("shared", "encoder", "decoder"), prefix="transformer",
     defaults={"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
@@ -427,5 +309,5 @@ FAMILIES.register("t5")(Family(
               "relative_attention_max_distance": 128, "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6,
               "initializer_factor": 1.0, "feed_forward_proj": "relu", "tie_word_embeddings": True,
               "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0},
-    write_config=_t5_write, unfit=_t5_unfit, ignored=_BUFFERS,
+    write_config=_t5_write, unfit=_t5_unfit, ignored=BUFFERS,
     architecture=_t5_class))
