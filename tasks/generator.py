@@ -47,7 +47,7 @@ class GeneratorTask(ZooTask):
         return {} if stage == "train" else {"ppl": Perplexity(ignore_index=-100)}
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
-        logits = self.model(batch["input_ids"])  # (B, T, V)
+        logits = self.model(batch["input_ids"], document_ids=batch.get("document_ids"))  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
         metrics = self.metrics_at(stage)
         if metrics:  # perplexity outside training only: no float copy of the logits there

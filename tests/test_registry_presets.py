@@ -50,7 +50,7 @@ def test_list_components_names_every_family():
     assert components["position"] == ["alibi", "learned", "none", "rope", "sinusoidal", "t5_relative"]
     assert components["norm"] == ["layernorm", "rmsnorm"]
     assert components["ffn"] == ["geglu", "gelu", "relu", "swiglu"]
-    assert components["mask"] == ["bidirectional", "causal", "prefix", "sliding_window"]
+    assert components["mask"] == ["bidirectional", "causal", "document", "prefix", "sliding_window"]
     assert components["arch"] == ["decoder", "encoder", "encoder_decoder"]
     assert {"pre", "post"} <= set(components["norm_placement"])
     assert components["attention"] == ["math", "sdpa"]

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from zoo.attention import AttentionInputs, CrossAttention, SelfAttention
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache
+from zoo.mask import document_positions
 from zoo.norm import build_norm
 from zoo.position import Position
 from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
@@ -97,17 +98,22 @@ class Stack(nn.Module):
 
     def forward(self, x: Tensor, *, padding_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 prefix_len: int | Tensor | None = None, cache: Cache | None = None,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                document_ids: Tensor | None = None) -> Tensor:
         """x: (B, T, D) embedded tokens. padding_mask: (B, P+T), 1 = token, 0 = padding.
-        position_ids: (T,) or (B, T); default P..P+T-1. memory: (B, S, D), memory_mask: (B, S)."""
+        position_ids: (T,) or (B, T); default P..P+T-1, or each position's offset within its document
+        when ``document_ids`` (B, T) is given (mask='document': packed rows, no KV cache).
+        memory: (B, S, D), memory_mask: (B, S)."""
         B, T, _ = x.shape
         past = 0 if cache is None else cache.length
         if self.position.max_len is not None and past + T > self.position.max_len:
             raise ValueError(f"sequence of {past + T} positions exceeds max_seq_len={self.position.max_len} "
                              "of the learned position table")
         q_pos = torch.arange(past, past + T, device=x.device)  # (T,) absolute query positions
+        if document_ids is not None and past:
+            raise ValueError("document_ids cannot be used with a filled KV cache: decode one document at a time")
         if position_ids is None:
-            position_ids = q_pos
+            position_ids = q_pos if document_ids is None else document_positions(document_ids)  # (T,) or (B, T)
         pe = self.position.embed(position_ids)
         if pe is not None:
             x = x + pe.to(x.dtype)
@@ -115,7 +121,7 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.drop(x)
 
-        inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len)
+        inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len, document_ids)
         inputs.rotary = self.position.rotary(position_ids)
         memory_inputs = None
         if self.blocks and self.blocks[0].cross_attn is not None:
@@ -136,12 +142,14 @@ class Stack(nn.Module):
         return bool(self.checkpoint_every) and self.training and torch.is_grad_enabled() and cache is None
 
     def _self_attention_inputs(self, past: int, q_pos: Tensor, padding_mask: Tensor | None,
-                               prefix_len: int | Tensor | None) -> AttentionInputs:
+                               prefix_len: int | Tensor | None, document_ids: Tensor | None = None) -> AttentionInputs:
         """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
-        form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf."""
+        form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf.
+        ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``)."""
         T = q_pos.shape[0]
         keep = _padding(padding_mask)  # (B, P+T) or None
-        if keep is None and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
+        plain = keep is None and document_ids is None
+        if plain and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:
                 return AttentionInputs()  # one new query may see every key so far
             if past == 0:
@@ -149,6 +157,8 @@ class Stack(nn.Module):
         k_pos = torch.arange(past + T, device=q_pos.device)  # (P+T,)
         bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
         allowed = self.mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
+        if document_ids is not None:
+            allowed = self.mask.within_documents(allowed, document_ids)  # (B, 1, T, T)
         if allowed is None:
             if bias is None and keep is None:
                 return AttentionInputs()

@@ -9,12 +9,17 @@
   Longformer; Jiang et al. 2023, Mistral 7B). A decoder's query i sees i - window < j <= i, an
   encoder's |i - j| < window. A KV cache then needs only the last ``window - 1`` positions
   (``Mask.lookback``), so memory stays bounded however long generation runs.
+- ``document``: causal within each document of a packed row, nothing across documents (block-diagonal
+  causal), driven by ``document_ids`` (B, T) passed to the decoder's forward; positions restart at
+  each document (``document_positions``), so a packed row's logits equal each document's run alone.
+  Without ``document_ids`` (generation: a prompt is one document) it is ``causal``.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from zoo.config import ModelConfig
@@ -29,6 +34,7 @@ class Mask:
     bidirectional: ClassVar[bool] = False  # every query sees every key: nothing is left to predict
     needs_prefix_len: ClassVar[bool] = False  # forward (and generation) must pass prefix_len
     lookback: int | None = None  # keys before its own position a query may still see (None: all); caches keep that many
+    documents: ClassVar[bool] = False  # reads document_ids: a query sees keys of its own document only
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -45,6 +51,12 @@ class Mask:
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor | None:
         """A boolean (Tq, Tk) or (B, 1, Tq, Tk) tensor, True where attention is allowed; None: all."""
         return None
+
+    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
+        """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed to keys of each query's own document;
+        only a mask with ``documents`` set reads ``document_ids``."""
+        raise ValueError(f"document_ids were given, but mask {type(self).__name__} would attend across documents; "
+                         "build the model with mask='document'")
 
 
 @MASK.register("bidirectional")
@@ -111,3 +123,27 @@ class CausalSlidingWindow(SlidingWindow):
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
         behind = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk): how far each key lies before its query
         return (behind >= 0) & (behind < self.window)
+
+
+@MASK.register("document")
+class Document(Causal):
+    """Causal attention inside each document of a packed row and none across documents: query i
+    sees key j when j <= i and both lie in one document (Krell et al. 2021, packing without
+    cross-contamination). Without ``document_ids`` it is :class:`Causal`."""
+
+    documents = True
+
+    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
+        same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+        return same[:, None] if allowed is None else allowed & same[:, None]  # (B, 1, T, T)
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """(B, T) document ids (non-decreasing along a row) -> (B, T) offsets within each document, so
+    that every document's positions start at 0 as if it were run alone."""
+    T = document_ids.shape[1]
+    index = torch.arange(T, device=document_ids.device).expand_as(document_ids)  # (B, T)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]  # True at a document's first position
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # (B, T)
+    return index - first

@@ -213,17 +213,19 @@ class DecoderModel(ZooModel):
 
     def features(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                  position_ids: Tensor | None = None, prefix_len: int | Tensor | None = None,
-                 cache: Cache | None = None) -> Tensor:
-        """Final hidden states (B, T, D). With a cache, attention_mask covers cached + new positions."""
+                 cache: Cache | None = None, document_ids: Tensor | None = None) -> Tensor:
+        """Final hidden states (B, T, D). With a cache, attention_mask covers cached + new positions.
+        document_ids: (B, T), which packed document each position belongs to (mask='document' keeps
+        attention and positions inside it; other masks refuse them)."""
         return self.decoder(self.embed_tokens(input_ids), padding_mask=attention_mask, position_ids=position_ids,
-                            prefix_len=prefix_len, cache=cache)
+                            prefix_len=prefix_len, cache=cache, document_ids=document_ids)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 position_ids: Tensor | None = None, prefix_len: int | Tensor | None = None,
-                cache: Cache | None = None) -> Tensor:
+                cache: Cache | None = None, document_ids: Tensor | None = None) -> Tensor:
         """input_ids: (B, T) -> next-token logits (B, T, V)."""
         return self.logits(self.features(input_ids, attention_mask, position_ids=position_ids,
-                                         prefix_len=prefix_len, cache=cache))
+                                         prefix_len=prefix_len, cache=cache, document_ids=document_ids))
 
 
 @ARCH.register("encoder_decoder")

@@ -115,6 +115,9 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
         raise zoo.ConfigError(f"data.seq_len={seq_len} is longer than the learned position table "
                               f"(model.max_seq_len={limit}); raise one or lower the other")
     task_cls.check_settings(OmegaConf.to_container(cfg.task, resolve=True), model)
+    if cfg.data.get("packing") == "documents" and not zoo.mask.MASK.get(model.resolved_mask).documents:
+        raise zoo.ConfigError(f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
+                              f"does not read; add model/mask=document (or use data.packing=concat)")
     return model
 
 

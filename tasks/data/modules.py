@@ -233,10 +233,28 @@ def encoder_tokenizer(tokenizer: Tokenizer, specials: Specials, seq_len: int) ->
 class LMDataModule(TextDataModule):
     """Causal LM: documents joined with eos and cut into blocks of seq_len + 1 tokens. Blocks are
     full, so nothing is padded: a tokenizer without a pad token (GPT-2, Llama) gets eos as its pad
-    id, which only tells the model a pad id (see ``use_tokenizer``)."""
+    id, which only tells the model a pad id (see ``use_tokenizer``).
+
+    ``packing`` says what a block's documents may see of each other:
+
+    - ``concat``: nothing separates them; a token attends to the end of the previous document.
+    - ``documents``: the same blocks, and each batch also carries ``document_ids`` (B, T), the
+      document of each input position counted from 0 within its row (an eos belongs to the document
+      it ends), for a model with ``mask=document``. The eos is still predicted from its document's
+      last token; the label of an input eos (the next document's first token) is IGNORE, as nothing
+      predicts a document's first token when it runs alone. A document cut by a block boundary
+      continues in the next block as a document of its own, its positions starting at 0.
+    """
 
     tokenizer_kind = "bpe"
     needs = ("eos",)
+    packings: ClassVar[tuple[str, ...]] = ("concat", "documents")
+
+    def __init__(self, *, packing: str = "concat", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if packing not in self.packings:
+            raise DataError(f"data.packing={packing!r} is not one of {list(self.packings)}")
+        self.packing = packing
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
         ids: list[int] = []
@@ -252,7 +270,12 @@ class LMDataModule(TextDataModule):
 
     def collate(self, batch: list[Tensor]) -> dict[str, Tensor]:
         blocks = torch.stack(batch)  # (B, T+1)
-        return {"input_ids": blocks[:, :-1], "labels": blocks[:, 1:]}
+        inputs, labels = blocks[:, :-1], blocks[:, 1:]
+        if self.packing == "concat":
+            return {"input_ids": inputs, "labels": labels}
+        ends = inputs == self.specials.eos  # (B, T): the last position of a document
+        document_ids = ends.long().cumsum(dim=1) - ends.long()  # eos seen before each position
+        return {"input_ids": inputs, "labels": labels.masked_fill(ends, IGNORE), "document_ids": document_ids}
 
 
 # ---- sequence classification (encoder) ---------------------------------------------------------
