@@ -60,3 +60,22 @@ def test_device_bench_tiny_on_the_cpu():
     row = device.bench_device_training("gpt-tiny", batch=2, length=16, steps=1, compile=False, device="cpu")
     assert row["preset"] == "gpt-tiny" and row["tokens_per_s"] > 0 and row["model_tflops_per_s"] > 0
     assert row["mfu"] is None and row["peak_memory_gib"] is None  # no peak FLOP/s known for a CPU
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lora", "memory"])
+def test_memory_scripts_run_tiny_from_a_checkout(name, tmp_path):
+    """Each variant runs in its own process from the file (as a user runs it); same weights on each side."""
+    pytest.importorskip("transformers")
+    out = tmp_path / f"{name}.json"
+    args = ["--layers=1", "--d-model=32", "--heads=2", "--vocab=64", "--batch=1", "--length=16", f"--out={out}"]
+    done = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=300, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    if name == "lora":
+        assert results["lora"]["trainable"] < results["full"]["trainable"]
+        assert math.isclose(results["lora"]["first_loss"], results["full"]["first_loss"], rel_tol=1e-6)  # B = 0
+    else:
+        losses = {round(r["loss"], 4) for r in results}
+        assert len(results) == 4 and len(losses) == 1  # the four variants compute one function
