@@ -279,3 +279,14 @@ def test_what_no_transformers_class_computes_is_refused(overrides, named):
     cfg = tiny_config(mask="sliding_window", window=W, **overrides)
     with pytest.raises(zoo.ConfigError, match=re.escape(named)):
         zoo.hf.hf_exportable(cfg)
+
+
+def test_zoo_stats_sizes_the_cache_a_window_keeps():
+    """zoo.stats' KV-cache bytes are what the cache holds after 20 positions: the window's, not 20."""
+    model = _windowed_decoder("rope")
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 61, (2, 20)), cache=cache)
+    assert zoo.stats(model.config, seq_len=20, batch_size=2, dtype=torch.float32).kv_cache_bytes == cache.nbytes()
+    plain = zoo.stats(model.config.replace(mask=None, window=None), seq_len=20, batch_size=2, dtype=torch.float32)
+    assert plain.kv_cache_bytes == cache.nbytes() * 20 // (W - 1)

@@ -62,7 +62,9 @@ def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, ba
     d_attn = cfg.n_heads * cfg.resolved_head_dim
     forward = 2 * (non_embedding + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn
     bytes_per_value = torch.empty((), dtype=dtype).element_size()
-    kv = (2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * cfg.resolved_head_dim * seq_len * bytes_per_value
+    lookback = model.stacks()[-1].mask.lookback  # a sliding window's cache keeps its last positions only
+    held = seq_len if lookback is None or form.cross_attention else min(seq_len, lookback)
+    kv = (2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * cfg.resolved_head_dim * held * bytes_per_value
           * batch_size)
     return ModelStats(name=name, params=params, embedding_params=embedding, non_embedding_params=non_embedding,
                       flops_per_token_forward=forward, flops_per_token_train=3 * forward, kv_cache_bytes=kv,
