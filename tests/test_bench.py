@@ -22,7 +22,7 @@ def _script(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["hf_compare", "device"])
+@pytest.mark.parametrize("name", ["hf_compare", "device", "flex"])
 def test_each_script_runs_from_a_checkout(name):
     out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], capture_output=True, text=True,
                          timeout=120, cwd="/")

@@ -10,6 +10,11 @@ Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswan
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU). Position
   biases (ALiBi, T5) and masks go in as its ``attn_mask``, so every position type runs on it.
+- ``flex``: ``torch.nn.attention.flex_attention`` (PyTorch 2.5+), for what SDPA cannot fuse. The
+  stack's mask becomes a block mask (``create_block_mask``: blocks no query may see are skipped) and
+  a float bias becomes a ``score_mod`` that reads it. On CUDA the call is compiled into one fused
+  kernel; on the CPU it runs eagerly (torch supports its forward only there: no backward, no
+  dropout).
 - ``math``: the explicit reference. Its probabilities pass through ``Attention.probe`` (an
   identity module), where forward hooks can read them; see ``zoo.capture_attention``.
 """
@@ -17,6 +22,8 @@ Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswan
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +61,63 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_c
                    dropout_p: float, probe: nn.Module) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                           scale=scale, enable_gqa=bool(k.shape[1] != q.shape[1]))
+
+
+def _at(t: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+    """t[b, h, q, kv] of a 4-d ``t`` whose batch or head dimension may be 1 (broadcast)."""
+    return t[b if t.shape[0] > 1 else 0, h if t.shape[1] > 1 else 0, q, kv]
+
+
+def _flex_mods(mask: Tensor | None, is_causal: bool, shape: tuple[int, int, int, int],
+               device: torch.device) -> tuple[Callable | None, object | None]:
+    """(score_mod, block_mask) for ``flex_attention`` that compute what ``mask`` (as ``math`` reads
+    it) or ``is_causal`` would; None where nothing is masked or added. shape: (B, H, Tq, Tk)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _, _, Tq, Tk = shape
+    if mask is None and not is_causal:
+        return None, None
+    if is_causal:
+        def causal(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+            return kv <= q
+        return None, create_block_mask(causal, None, None, Tq, Tk, device=device)
+    full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B or 1, H or 1, Tq or 1, Tk)
+    full = full.expand(*full.shape[:2], Tq, Tk)
+    allowed = full if full.dtype == torch.bool else torch.isfinite(full[:, :1])  # -inf marks a masked key
+    bias = None if full.dtype == torch.bool else full.masked_fill(~allowed, 0.0)
+
+    def keep(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return _at(allowed, b, h, q, kv)
+
+    def add_bias(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return score + _at(bias, b, h, q, kv).to(score.dtype)
+
+    block_mask = create_block_mask(keep, allowed.shape[0], allowed.shape[1], Tq, Tk, device=device)
+    return (None if bias is None else add_bias), block_mask
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@ATTENTION.register("flex")
+def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
+                          dropout_p: float, probe: nn.Module) -> Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if dropout_p:
+        raise ValueError(f"attention='flex' has no attention dropout (got p={dropout_p}); set attn_dropout=0 "
+                         "or use attention='sdpa'")
+    score_mod, block_mask = _flex_mods(mask, is_causal, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
+    gqa = bool(k.shape[1] != q.shape[1])
+    if q.is_cuda and not torch.compiler.is_compiling():
+        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    with warnings.catch_warnings():  # the CPU runs the unfused reference on purpose (torch has no CPU kernel)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 @ATTENTION.register("math")

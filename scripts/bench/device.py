@@ -44,15 +44,7 @@ def bench_device_training(preset: str, *, batch: int, length: int, steps: int, c
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(3):  # warm-up (and compilation)
-        step()
-    sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync()
-    seconds = time.perf_counter() - start
+    seconds = time_steps(step, steps, warmup=3, cuda=cuda)
     tokens_per_s = batch * length * steps / seconds
     flops_per_token = zoo.stats(model.config, seq_len=length).flops_per_token_train
     peak = get_available_flops(torch.device(device), dtype) if cuda else None
@@ -61,6 +53,20 @@ def bench_device_training(preset: str, *, batch: int, length: int, steps: int, c
             "model_tflops_per_s": tokens_per_s * flops_per_token / 1e12,
             "mfu": tokens_per_s * flops_per_token / peak if peak else None,
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
+
+
+def time_steps(step: Any, steps: int, *, warmup: int, cuda: bool) -> float:
+    """Seconds for ``steps`` calls of ``step`` after ``warmup`` untimed ones (and compilation), the
+    device synchronised around the timed ones."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return time.perf_counter() - start
 
 
 def device_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
