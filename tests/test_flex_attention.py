@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_config, tiny_model
 from torch import Tensor
 
 import zoo
@@ -75,7 +75,13 @@ def test_flex_without_padding_and_with_grouped_query_heads(position):
         torch.testing.assert_close(flex(ids), math(ids), atol=1e-5, rtol=1e-5)
 
 
-def test_flex_refuses_attention_dropout():
-    model = tiny_model(attention="flex", attn_dropout=0.1).train()
+def test_flex_refuses_attention_dropout_when_the_model_is_composed():
+    with pytest.raises(zoo.ConfigError, match="attn_dropout=0"):
+        tiny_config(attention="flex", attn_dropout=0.1).validate()
+    with pytest.raises(zoo.ConfigError, match="attn_dropout=0"):
+        tiny_config(attention="flex", dropout=0.1).validate()  # attn_dropout=None follows dropout
+    tiny_config(attention="flex", dropout=0.1, attn_dropout=0.0).validate()
+    model = tiny_model(attention="flex").train()  # the kernel refuses it too, if asked past validate
+    model.decoder.blocks[0].attn.dropout = 0.1
     with torch.no_grad(), pytest.raises(ValueError, match="attn_dropout=0"):
         model(torch.randint(1, 61, (1, 4)))

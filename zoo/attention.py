@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from zoo.config import ModelConfig
 from zoo.kv_cache import KVCache
 from zoo.position import apply_rotary
-from zoo.registry import ATTENTION
+from zoo.registry import ATTENTION, ConfigError
 
 
 @dataclass
@@ -118,6 +118,18 @@ def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | Non
     with warnings.catch_warnings():  # the CPU runs the unfused reference on purpose (torch has no CPU kernel)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+def _flex_check(cfg: ModelConfig) -> None:
+    """flex_attention has no dropout: a model that asks for attention dropout is refused when composed,
+    not at its first training step."""
+    dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
+    if dropout:
+        raise ConfigError(f"attention=flex has no attention dropout (attn_dropout={dropout}); set "
+                          "model.attn_dropout=0 (dropout elsewhere stays) or choose attention=sdpa")
+
+
+flex_attention_kernel.check = _flex_check  # ModelConfig.validate asks each chosen component
 
 
 @ATTENTION.register("math")
