@@ -60,12 +60,7 @@ def train(cfg: DictConfig) -> float | None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     datamodule = instantiate(cfg.data, _convert_="all")
-    if resume or start:  # the tokenizer must be the one the weights were trained with
-        datamodule.use_tokenizer(checkpoint_tokenizer(resume or start, cfg), checkpoint_specials(resume or start))
-    elif folder:
-        datamodule.use_tokenizer(*read_hf_tokenizer(folder))
-    elif not first and (output_dir / "tokenizer.json").is_file():  # DDP ranks > 0 start after rank 0 saved it:
-        datamodule.tokenizer = read_tokenizer(output_dir / "tokenizer.json")  # one tokenizer for every rank
+    hand_tokenizer(datamodule, cfg, resume or start, folder, output_dir if not first else None)
     datamodule.setup("fit")
     model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes(), pretrained=bool(folder)))
     if resume:
@@ -174,6 +169,18 @@ def check_export(cfg: DictConfig, model_cfg: zoo.ModelConfig, task: Any = None) 
     zoo.hf_exportable(model_cfg)
     if task is not None:
         task.hf_classifier()
+
+
+def hand_tokenizer(datamodule: Any, cfg: DictConfig, checkpoint: dict | None, folder: Path | None,
+                   rank_dir: Path | None) -> None:
+    """Give the data module the tokenizer the weights were trained with (a checkpoint's, or an HF
+    folder's); in a DDP process of rank > 0 (``rank_dir``: the run directory) the one rank 0 saved."""
+    if checkpoint:
+        datamodule.use_tokenizer(checkpoint_tokenizer(checkpoint, cfg), checkpoint_specials(checkpoint))
+    elif folder:
+        datamodule.use_tokenizer(*read_hf_tokenizer(folder))
+    elif rank_dir is not None and (rank_dir / "tokenizer.json").is_file():  # ranks > 0 start after rank 0 saved it
+        datamodule.tokenizer = read_tokenizer(rank_dir / "tokenizer.json")  # one tokenizer for every rank
 
 
 def checkpoint_specials(checkpoint: dict[str, Any]) -> Specials:
