@@ -14,6 +14,7 @@ from torchmetrics import Metric
 from torchmetrics.text import BLEUScore, CHRFScore
 
 from tasks.base import ZooTask
+from tasks.data.tokenizers import added_around
 
 
 class TranslatorTask(ZooTask):
@@ -91,7 +92,7 @@ class TranslatorTask(ZooTask):
         (a T5 tokenizer read from a folder has it already)."""
         tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
         eos = self.model.config.eos_token_id
-        if eos is not None and tokenizer.encode("a").ids[-1:] != [eos]:
+        if eos is not None and eos not in added_around(tokenizer)[1]:
             token = tokenizer.id_to_token(eos)
             tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {token}", pair=f"$A {token} $B:1 "
                                                                      f"{token}:1", special_tokens=[(token, eos)])

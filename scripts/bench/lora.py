@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ if str(HERE) not in sys.path:  # a checkout's scripts/bench/ is no package: its 
     sys.path.insert(0, str(HERE))
 
 from hf_compare import _peak_rss, _reset_peak_rss, machine_info  # noqa: E402
-from memory import MALLOC_ENV, next_token_loss  # noqa: E402
+from memory import in_fresh_process, next_token_loss  # noqa: E402
 
 import zoo  # noqa: E402
 
@@ -85,14 +83,6 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "first_loss": losses[0], "last_loss": losses[-1]}
 
 
-def run_variant(variant: str, argv: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--probe", variant]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
-    if done.returncode:
-        raise RuntimeError(f"{variant} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scripts/bench/lora.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,9 +103,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if args.probe:
         print(json.dumps(probe(args)))
         return {}
-    child = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if v is not None and k not in ("out", "probe")]
-    results = {variant: run_variant(variant, child) for variant in VARIANTS}
+    results = {variant: in_fresh_process(Path(__file__).resolve(), args, variant) for variant in VARIANTS}
     full, lora = results["full"], results["lora"]
     ratios = {"peak_lora_over_full": lora["peak_mib"] / full["peak_mib"],
               "speed_lora_over_full": lora["tokens_per_s"] / full["tokens_per_s"]}

@@ -118,13 +118,15 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": seconds, "weights_mib": weights / 2**20}
 
 
-def run_variant(side: str, checkpointed: bool, argv: list[str]) -> dict[str, Any]:
-    """One variant in a fresh process (this script with ``--probe``), its result read from the last line."""
-    policy = "all" if checkpointed else "none"
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--probe", f"{side}:{policy}"]
+def in_fresh_process(script: Path, args: argparse.Namespace, probe: str) -> dict[str, Any]:
+    """``script --probe <probe>`` with the settings of ``args`` (all but --out) in a fresh process with the
+    malloc setting above; its result read from the last line it prints."""
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+            if v is not None and k not in ("out", "probe")]
+    cmd = [sys.executable, str(script), *argv, "--probe", probe]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
     if done.returncode:
-        raise RuntimeError(f"{side} {policy} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{script.name} --probe {probe} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -186,9 +188,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if args.probe:
         print(json.dumps(probe(args)))
         return {}
-    child_argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                  if v is not None and k not in ("out", "probe")]
-    results = with_ratios([run_variant(side, checkpointed, child_argv) for side, checkpointed in VARIANTS])
+    script = Path(__file__).resolve()
+    results = with_ratios([in_fresh_process(script, args, f"{side}:{'all' if checkpointed else 'none'}")
+                           for side, checkpointed in VARIANTS])
     out = {"machine": machine_info(parser), "config": {k: v for k, v in vars(args).items() if k != "probe"},
            "method": "CUDA max_memory_allocated" if args.device.startswith("cuda") else "VmHWM - VmRSS, fresh process",
            "results": results, "goals": goals(results)}

@@ -16,7 +16,7 @@ from torch import Tensor
 
 import zoo
 from tasks import ZooTask
-from tasks.data.tokenizers import ROLES, Specials
+from tasks.data.tokenizers import ROLES
 from tasks.errors import UserError
 
 TOLERANCE = 1e-4
@@ -26,7 +26,6 @@ NEW_TOKENS = 8
 def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None:
     """Write the folder; return the max abs logit difference of transformers' reload (None when
     transformers is not installed: the folder is written unchecked, and the caller says so)."""
-    zoo.hf_exportable(task.model.config)  # a ConfigError names the component before anything is written
     head = task.hf_classifier()
     files = tokenizer_files(task)
     if card is not None:
@@ -37,7 +36,7 @@ def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None
         if importlib.util.find_spec("transformers") is not None:
             found["diff"] = check_reload(task, folder, architecture)
 
-    architecture = zoo.hf.family_class(task.model.config, classifier=head is not None)
+    architecture = zoo.hf.family_class(task.model.config, classifier=head is not None)  # refuses, naming why
     zoo.to_hf(task.model, out, classifier=head[0] if head else None, label_names=head[1] if head else None,
               files=files, check=check)
     return found.get("diff")
@@ -47,7 +46,7 @@ def tokenizer_files(task: ZooTask) -> dict[str, str]:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json, as transformers writes them
     for a fast tokenizer: the special tokens named by their text, the model's length limit, and
     left padding for a decoder (its batched generation needs it)."""
-    specials = Specials.from_record(task.specials) if task.specials else Specials.zoo()
+    specials = task.special_tokens
     tokenizer = task.export_tokenizer()
     tokens = {f"{role}_token": tokenizer.id_to_token(getattr(specials, role)) for role in ROLES
               if getattr(specials, role) is not None}

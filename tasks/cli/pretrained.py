@@ -36,6 +36,8 @@ def adopt_model(cfg: DictConfig, folder: Path) -> zoo.ZooModel:
     sets); returns the model, whose weights the task then loads."""
     try:
         model = zoo.from_hf(folder)
+    except zoo.CheckpointError:  # a missing or damaged file: its own one-line error
+        raise
     except ValueError as error:  # a setting of the family zoo cannot reproduce
         raise zoo.ConfigError(f"init_from={cfg.init_from}: {error}") from None
     theirs, explicit = model.config, _model_overrides()

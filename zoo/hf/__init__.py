@@ -107,11 +107,12 @@ def hf_exportable(cfg: ModelConfig) -> str:
 
 def family_class(cfg: ModelConfig, *, classifier: bool = False) -> str:
     """The transformers class :func:`to_hf` writes for ``cfg`` (with a sequence-classification head)."""
-    return _hf_class(cfg, classifier)[1].name
+    return _hf_class(cfg, classifier)[2].name
 
 
-def _hf_class(cfg: ModelConfig, classifier: bool) -> tuple[Family, HFClass]:
-    family = FAMILIES.get(hf_exportable(cfg))
+def _hf_class(cfg: ModelConfig, classifier: bool) -> tuple[str, Family, HFClass]:
+    name = hf_exportable(cfg)
+    family = FAMILIES.get(name)
     written = family.architecture(cfg, classifier)
     if written is None:
         raise ConfigError(f"model.arch={cfg.arch}: transformers has no sequence-classification class zoo writes for "
@@ -119,7 +120,7 @@ def _hf_class(cfg: ModelConfig, classifier: bool) -> tuple[Family, HFClass]:
     if classifier and not cfg.pooler:
         raise ConfigError("model.pooler=false: BertForSequenceClassification classifies the pooled first token; "
                           "train the classifier with model.pooler=true, or export with format=safetensors or onnx")
-    return family, written
+    return name, family, written
 
 
 def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear | None = None,
@@ -139,7 +140,7 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
     from safetensors.torch import save_file
 
     cfg = model.config
-    family, written = _hf_class(cfg, classifier is not None)
+    name, family, written = _hf_class(cfg, classifier is not None)
     _check_files(files or {})
     state = dict(model.state_dict())
     dtype = next(model.parameters()).dtype
@@ -147,7 +148,7 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
         state.setdefault(tensor, torch.zeros(shape, dtype=dtype))
     exporter = Exporter(state, f"{family.prefix}." if written.prefixed else "")
     family.weights(exporter, written.config)
-    config = {"model_type": hf_exportable(cfg), "architectures": [written.name],
+    config = {"model_type": name, "architectures": [written.name],
               "torch_dtype": str(dtype).removeprefix("torch."), **family.write_config(written.config)}
     if classifier is not None:
         labels = _check_classifier(classifier, label_names, cfg)
