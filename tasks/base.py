@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 
 import zoo
+from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
 
@@ -24,6 +25,7 @@ STAGES = ("train", "val", "test")
 
 
 SCHEDULE_KEYS = ("warmup_steps", "min_lr_ratio")  # the scheduler's, in the optimizer settings of older checkpoints
+SAVE_MODES = ("full", "only")  # adapter.save: whole checkpoints, or the trained tensors and a reference to the base
 
 
 class ZooTask(L.LightningModule):
@@ -41,6 +43,10 @@ class ZooTask(L.LightningModule):
         self.model = zoo.build_model(cfg)
         settings = dict(adapter or {})
         name = settings.pop("name", "none")
+        self.adapter_save = settings.pop("save", "full")  # conf/adapter: full, or only (the adapter + its base's name)
+        if self.adapter_save not in SAVE_MODES or (self.adapter_save == "only" and name == "none"):
+            raise zoo.ConfigError(f"adapter.save={self.adapter_save!r}: choose full or only (only with an adapter "
+                                  f"such as adapter=lora: without one every tensor trains)")
         if name != "none":  # conf/adapter: LoRA freezes the model and trains its adapters
             zoo.adapters.apply(self.model, name, **settings)
         self.optimizer_settings = dict(optimizer)
@@ -49,6 +55,7 @@ class ZooTask(L.LightningModule):
         self.tokenizer_json = tokenizer_json
         self.run_info: dict[str, Any] | None = None  # set by zoo-train; stored in checkpoints as plain data
         self.specials: dict[str, Any] | None = None  # the tokenizer's special ids when not zoo's own (an HF folder's)
+        self.base_ref: dict[str, Any] | None = None  # adapter.save=only: where the frozen base comes from (init_from)
 
     @classmethod
     def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
@@ -171,13 +178,30 @@ class ZooTask(L.LightningModule):
         checkpoint["zoo_run"] = self.run_info
         if self.specials is not None:
             checkpoint["tokenizer_specials"] = self.specials
-        checkpoint["state_dict"] = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
+        state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
+        if self.adapter_save == "only":  # the frozen base stays where init_from read it; loaders put it back
+            self.reference_base(None)  # zoo-train checked it at the start: a run without a base never gets here
+            left_out = set(self.base_ref["keys"])
+            state = {k: v for k, v in state.items() if k not in left_out}
+            checkpoint[BASE_KEY] = self.base_ref
+        checkpoint["state_dict"] = state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokenizer_json = checkpoint.get("tokenizer_json")
         self.run_info = checkpoint.get("zoo_run")
         self.specials = checkpoint.get("tokenizer_specials")
+        self.base_ref = checkpoint.get(BASE_KEY) or self.base_ref
         self.__dict__.pop("tokenizer", None)
+
+    def reference_base(self, resumed: dict[str, Any] | None) -> None:
+        """With ``adapter.save=only``, make sure the checkpoints can name their base: init_from's, or
+        that of the adapter-only checkpoint being resumed; a ConfigError before training otherwise."""
+        if self.adapter_save != "only":
+            return
+        self.base_ref = self.base_ref or (resumed or {}).get(BASE_KEY)
+        if self.base_ref is None:
+            raise no_base_error("ckpt_path's checkpoint holds the whole model and names no base" if resumed
+                                else "no init_from")
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any], *, source: str = "the checkpoint") -> ZooTask:
@@ -239,6 +263,9 @@ class ZooTask(L.LightningModule):
                                   f"tensors would load. Choose a checkpoint of the same form and sizes, or set "
                                   f"init_partial=true to load what fits")
         self.load_state_dict(loaded, strict=False)
+        if self.adapter_save == "only":  # the base tensors that stay frozen: checkpoints name them, not hold them
+            trains = {k for k, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
+            self.base_ref = base_reference(source, state, [k for k in loaded if k not in trains])
         skipped = sorted(set(state) - set(loaded))
         fresh = sorted(set(own) - set(loaded))
         names = f" ({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''})" if skipped else ""
@@ -252,6 +279,12 @@ class ZooTask(L.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(
             self.scheduler_settings["warmup_steps"], total, self.scheduler_settings["min_lr_ratio"]))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def no_base_error(why: str) -> zoo.ConfigError:
+    """The refusal of ``adapter.save=only`` in a run whose base could not be named (``why``)."""
+    return zoo.ConfigError(f"adapter.save=only keeps the frozen base out of checkpoints, but this run has {why}: its "
+                           f"base would be lost; set init_from=<checkpoint or HF folder>, or adapter.save=full")
 
 
 def check_tensors(cfg: zoo.ModelConfig, state: dict[str, Any], source: str) -> None:

@@ -5,10 +5,14 @@
   ``zoo.load_weights_file`` (weights only, no URLs); it removes only checkpoints this run wrote
   or that lie in its own checkpoint folder.
 - ``claim_run_dir`` makes sure a run never writes into another run's directory.
+- ``base_reference`` and ``with_base``: a LoRA run with ``adapter.save=only`` writes checkpoints
+  without its frozen base tensors, naming instead where they came from (``init_from``) and their
+  sha256; every load puts them back from there, and refuses a base that is missing or changed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -50,7 +54,8 @@ class ZooCheckpointIO(CheckpointIO):
         key = str(Path(path).resolve()) if "://" not in str(path) else str(path)
         if key in self.preloaded:
             return self.preloaded.pop(key)
-        return zoo.load_weights_file(path, map_location or "cpu")  # weights_only=True, whatever was asked
+        checkpoint = zoo.load_weights_file(path, map_location or "cpu")  # weights_only=True, whatever was asked
+        return with_base(checkpoint, source=f"ckpt_path={path}", map_location=map_location or "cpu")
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         path = Path(path).resolve()
@@ -112,3 +117,77 @@ def claim_fresh(folder: Path) -> Path:
         except FileExistsError:
             n += 1
             candidate = folder.with_name(f"{folder.name}_{n}")
+
+
+# ---- adapter-only checkpoints (adapter.save=only) ---------------------------------------------------
+BASE_KEY = "zoo_base"
+"""The checkpoint entry of an adapter-only checkpoint: ``{"source", "format", "sha256", "keys"}``."""
+
+
+def fingerprint(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def base_reference(source: str, state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, Any]:
+    """What an adapter-only checkpoint records of its base: ``source`` (init_from: a zoo checkpoint,
+    an HF folder or ``hf:<repo>``; a path made absolute), the base tensors ``keys`` it leaves out
+    and their fingerprint as ``state`` (the source's own tensors) holds them."""
+    hf = source.startswith("hf:") or zoo.hf.is_hf_folder(source)
+    where = source if source.startswith("hf:") else str(Path(source).expanduser().resolve())
+    return {"source": where, "format": "hf" if hf else "zoo", "sha256": fingerprint({k: state[k] for k in keys}),
+            "keys": sorted(keys)}
+
+
+def with_base(checkpoint: dict[str, Any], *, source: str, map_location: Any = "cpu",
+              _seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``checkpoint`` with its base tensors put back when it is adapter-only (unchanged otherwise):
+    read from the source it names, checked against its fingerprint. A missing base or another one
+    is a CheckpointError naming the file and the fix."""
+    ref = checkpoint.get(BASE_KEY) if isinstance(checkpoint, dict) else None
+    if ref is None:
+        return checkpoint
+    if not (isinstance(ref, dict) and isinstance(ref.get("source"), str) and isinstance(ref.get("sha256"), str)
+            and ref.get("format") in ("zoo", "hf") and isinstance(ref.get("keys"), list)):
+        raise zoo.CheckpointError(f"{source}: its base reference ({BASE_KEY}) is damaged; use a checkpoint zoo-train "
+                                  f"wrote")
+    base = ref["source"]
+    if ref["source"] in _seen:
+        raise zoo.CheckpointError(f"{source}: its base {base} refers back to itself; use a checkpoint zoo-train wrote")
+    if not base.startswith("hf:") and not Path(base).exists():
+        raise zoo.CheckpointError(f"{source} holds only a LoRA adapter (adapter.save=only); its base {base} is gone: "
+                                  f"put that file back there (moved files can be linked), or train with "
+                                  f"adapter.save=full")
+    state = _base_state(ref, map_location, _seen | {base})
+    keys = ref["keys"]
+    missing = [k for k in keys if k not in state]
+    if missing or fingerprint({k: state[k] for k in keys}) != ref["sha256"]:
+        what = f"lacks {missing[0]}" if missing else "has other weights"
+        raise zoo.CheckpointError(f"{source} holds only a LoRA adapter (adapter.save=only) trained on another base: "
+                                  f"{base} {what} (sha256 {ref['sha256'][:12]}… recorded); put back the base it was "
+                                  f"trained from")
+    checkpoint["state_dict"] = {**{k: state[k] for k in keys}, **checkpoint["state_dict"]}
+    return checkpoint
+
+
+def _base_state(ref: dict[str, Any], map_location: Any, seen: frozenset[str]) -> dict[str, torch.Tensor]:
+    """The tensors of the base ``ref`` names, under the task's names (``model.…``)."""
+    base = ref["source"]
+    if ref["format"] == "hf":
+        try:
+            model = zoo.from_hf(base)
+        except ValueError as error:  # CheckpointError (a missing or damaged file) included: it names the file
+            raise zoo.CheckpointError(f"the base {base} of an adapter-only checkpoint cannot be read "
+                                      f"({' '.join(str(error).split())[:200]})") from None
+        return {f"model.{k}": v for k, v in model.state_dict().items()}
+    checkpoint = zoo.load_weights_file(base, map_location)
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict):
+        raise zoo.CheckpointError(f"{base}: the base of an adapter-only checkpoint holds no state_dict; put back the "
+                                  f"zoo-train checkpoint it was trained from")
+    return with_base(checkpoint, source=base, map_location=map_location, _seen=seen)["state_dict"]

@@ -23,6 +23,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
+from tasks.base import no_base_error
+from tasks.checkpoints import with_base
 from tasks.data import DATA_MODULES, TextDataModule
 from tasks.errors import DivergedError, UserError
 
@@ -115,6 +117,9 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
         raise zoo.ConfigError(f"data.seq_len={seq_len} is longer than the learned position table "
                               f"(model.max_seq_len={limit}); raise one or lower the other")
     task_cls.check_settings(OmegaConf.to_container(cfg.task, resolve=True), model)
+    based = cfg.get("init_from") or cfg.get("ckpt_path")
+    if OmegaConf.select(cfg, "adapter.save", default="full") == "only" and not based:
+        raise no_base_error("no init_from")  # a resumed checkpoint may name one: the task checks it once read
     if cfg.data.get("packing") == "documents" and not zoo.mask.MASK.get(model.resolved_mask).documents:
         raise zoo.ConfigError(f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
                               f"does not read; add model/mask=document (or use data.packing=concat)")
@@ -191,9 +196,11 @@ def task_and_checkpoint(ckpt_path: str | Path, map_location: str = "cpu") -> tup
     return task.eval(), checkpoint
 
 
-def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: str = "cpu") -> dict[str, Any]:
+def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: str = "cpu", *,
+                    base: bool = True) -> dict[str, Any]:
     """A zoo-train checkpoint through the weights-only loader, its layout checked; every problem is
-    a CheckpointError naming ``field``."""
+    a CheckpointError naming ``field``. An adapter-only one (``adapter.save=only``) gets its base
+    tensors back from the base it names, checked (``base=False``: left out, for reading its config)."""
     try:
         checkpoint = zoo.load_weights_file(path, map_location)
     except zoo.CheckpointError as error:
@@ -202,7 +209,7 @@ def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: st
     if problem:
         raise zoo.CheckpointError(f"{field}={path} is not a zoo-train checkpoint: {problem}; pass one from "
                                   f"<run>/checkpoints/")
-    return checkpoint
+    return with_base(checkpoint, source=f"{field}={path}", map_location=map_location) if base else checkpoint
 
 
 LAYOUT = {"zoo_run": dict, "hyper_parameters": dict, "state_dict": dict, "global_step": int,

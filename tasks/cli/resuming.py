@@ -33,7 +33,7 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     ``resume=``) applied: ``key=value`` ones only, as a config group choice (``model=…``) would
     make another run."""
     run_dir, ckpt = run_of(cfg.resume)
-    checkpoint = read_checkpoint(ckpt, "resume")
+    checkpoint = read_checkpoint(ckpt, "resume", base=False)  # its config only: zoo-train reads it whole
     resumed = OmegaConf.create(checkpoint["zoo_run"]["config_yaml"])
     applied = []
     for override in OverridesParser.create().parse_overrides(overrides):

@@ -66,6 +66,7 @@ def train(cfg: DictConfig) -> float | None:
     if resume:
         check_same_model(model_cfg, resume, cfg.ckpt_path)
     task = build_task(cfg, model_cfg, datamodule, as_checkpoint(pretrained) if pretrained else start)
+    task.reference_base(resume)  # adapter.save=only: checkpoints name the base instead of holding it
     check_export(cfg, model_cfg, task)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
