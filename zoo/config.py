@@ -65,7 +65,7 @@ class ModelConfig:
     pooler: bool = False  # encoder: dense+tanh over the first token
     mlm_head: bool = False  # encoder: BERT masked-LM head (transform + tied decoder)
     init_std: float = 0.02
-    window: int | None = None  # sliding_window mask: a query sees itself and the window - 1 positions before it
+    window: int | None = None  # sliding_window or document mask: a query sees itself and the window - 1 before it
     activation_checkpointing: str = "none"  # "none", "all" (every block) or "every_<k>": recompute in backward
     # special tokens used by generation
     pad_token_id: int = 0

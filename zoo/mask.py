@@ -12,7 +12,10 @@
 - ``document``: causal within each document of a packed row, nothing across documents (block-diagonal
   causal), driven by ``document_ids`` (B, T) passed to the decoder's forward; positions restart at
   each document (``document_positions``), so a packed row's logits equal each document's run alone.
-  Without ``document_ids`` (generation: a prompt is one document) it is ``causal``.
+  Without ``document_ids`` (generation: a prompt is one document) it is ``causal``. With ``window``
+  a query sees only the keys of its own document that are also within the window, so a packed
+  row's logits equal each document's run alone with ``sliding_window``, and the KV cache keeps
+  ``window - 1`` positions as that mask's does.
 """
 
 from __future__ import annotations
@@ -40,13 +43,20 @@ class Mask:
     def check(cls, cfg: ModelConfig) -> None:
         """Raise ConfigError for settings this mask cannot work with (ModelConfig.validate calls it)."""
         if cfg.window is not None:
-            raise ConfigError(f"window={cfg.window} is read by mask='sliding_window' only; set mask=sliding_window "
-                              f"or leave window unset (mask={cfg.resolved_mask!r} ignores it)")
+            raise ConfigError(f"window={cfg.window} is read by mask='sliding_window' or 'document' only; set one of "
+                              f"those or leave window unset (mask={cfg.resolved_mask!r} ignores it)")
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Mask:
         """The mask of a stack of ``cfg``'s model (the stack calls it once, when it is built)."""
         return cls()
+
+    @classmethod
+    def one_document(cls, cfg: ModelConfig) -> str:
+        """The registered mask this one (``cfg.resolved_mask``) computes on rows that hold one document
+        each, i.e. without ``document_ids``: itself, but for the document masks. An exporter to a
+        library without document masks (transformers) matches this one."""
+        return cfg.resolved_mask
 
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor | None:
         """A boolean (Tq, Tk) or (B, 1, Tq, Tk) tensor, True where attention is allowed; None: all."""
@@ -129,13 +139,44 @@ class CausalSlidingWindow(SlidingWindow):
 class Document(Causal):
     """Causal attention inside each document of a packed row and none across documents: query i
     sees key j when j <= i and both lie in one document (Krell et al. 2021, packing without
-    cross-contamination). Without ``document_ids`` it is :class:`Causal`."""
+    cross-contamination). Without ``document_ids`` it is :class:`Causal`; with ``window``,
+    ``from_config`` makes a :class:`DocumentWindow`."""
+
+    documents = True
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Any window or none: the mask reads it (see :class:`DocumentWindow`)."""
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> Document | DocumentWindow:
+        return cls() if cfg.window is None else DocumentWindow(cfg.window)
+
+    @classmethod
+    def one_document(cls, cfg: ModelConfig) -> str:
+        return "causal" if cfg.window is None else "sliding_window"
+
+    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
+        return _same_document(allowed, document_ids)
+
+
+class DocumentWindow(CausalSlidingWindow):
+    """:class:`Document` with a window: query i sees key j when i - window < j <= i and both lie in
+    one document. Documents are contiguous, so inside one the window counts the document's own
+    positions: each document computes what it computes alone with mask='sliding_window'. Without
+    ``document_ids`` (one document: generation) it is :class:`CausalSlidingWindow`, and so is its
+    bounded KV cache (``lookback = window - 1``)."""
 
     documents = True
 
     def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
-        same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
-        return same[:, None] if allowed is None else allowed & same[:, None]  # (B, 1, T, T)
+        return _same_document(allowed, document_ids)
+
+
+def _same_document(allowed: Tensor | None, document_ids: Tensor) -> Tensor:
+    """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed to the keys of each query's own document."""
+    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+    return same[:, None] if allowed is None else allowed & same[:, None]  # (B, 1, T, T)
 
 
 def document_positions(document_ids: Tensor) -> Tensor:

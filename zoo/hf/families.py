@@ -12,7 +12,7 @@ from typing import Any
 
 from zoo.config import ModelConfig
 from zoo.hf.mapping import FAMILIES, Family, HFClass, Mapper, activation, first, token_id
-from zoo.registry import FFN
+from zoo.registry import FFN, MASK
 
 BUFFERS = ("attn.bias", "attn.masked_bias", "position_ids", "rotary_emb.inv_freq")  # saved by old versions
 WINDOW = ("sliding_window",)  # zoo's mask for HF's sliding_window, in the families whose classes apply one
@@ -27,10 +27,13 @@ def differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[s
 
 def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = ()) -> list[str]:
     """What no family here computes: a mask other than the form's own (or one of ``masks``, those
-    the family's classes also apply), scaled embeddings."""
+    the family's classes also apply), scaled embeddings. A mask counts as what it computes on one
+    document (``Mask.one_document``): transformers' classes have no document mask, but a prompt is
+    one document, and there a document mask computes what causal or sliding_window attention does."""
     natural = cfg.form.natural_mask
-    problems = [] if cfg.mask in (None, natural, *masks) else [f"mask={cfg.mask} ({family} has "
-                                                               f"{' or '.join((natural, *masks))} attention)"]
+    computed = MASK.get(cfg.resolved_mask, field="mask").one_document(cfg)
+    problems = [] if computed in (natural, *masks) else [f"mask={cfg.mask} ({family} has "
+                                                         f"{' or '.join((natural, *masks))} attention)"]
     return problems + differs(cfg, family, embed_scale=(1.0,))
 
 
