@@ -254,4 +254,5 @@ class CrossAttention(Attention):
             k, v = (self._heads(t, self.n_kv_heads) for t in self.kv(memory).split(kv_dim, dim=-1))
             if cache is not None:
                 cache.set(k, v)
+                k, v = cache.get()  # as every later step reads them (an int8 cache rounds them)
         return self._attend(q, k, v, inputs)

@@ -105,12 +105,14 @@ class Stack(nn.Module):
         when ``document_ids`` (B, T) is given (mask='document': packed rows, no KV cache).
         memory: (B, S, D), memory_mask: (B, S)."""
         B, T, _ = x.shape
-        past = 0 if cache is None else cache.length
-        if self.position.max_len is not None and past + T > self.position.max_len:
-            raise ValueError(f"sequence of {past + T} positions exceeds max_seq_len={self.position.max_len} "
+        static = cache is not None and cache.static  # keys: every slot of the cache, past a 0-d tensor
+        past = 0 if cache is None else cache.offset
+        end = cache.capacity if static else past + T  # positions a query may find among the keys
+        if self.position.max_len is not None and end > self.position.max_len:
+            raise ValueError(f"sequence of {end} positions exceeds max_seq_len={self.position.max_len} "
                              "of the learned position table")
-        q_pos = torch.arange(past, past + T, device=x.device)  # (T,) absolute query positions
-        if document_ids is not None and past:
+        q_pos = torch.arange(T, device=x.device) + past  # (T,) absolute query positions
+        if document_ids is not None and (static or past):
             raise ValueError("document_ids cannot be used with a filled KV cache: decode one document at a time")
         if position_ids is None:
             position_ids = q_pos if document_ids is None else document_positions(document_ids)  # (T,) or (B, T)
@@ -121,7 +123,8 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.drop(x)
 
-        inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len, document_ids)
+        inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len, document_ids,
+                                             keys=end if static else None)
         inputs.rotary = self.position.rotary(position_ids)
         memory_inputs = None
         if self.blocks and self.blocks[0].cross_attn is not None:
@@ -141,20 +144,23 @@ class Stack(nn.Module):
         records, and no KV cache is in use (decoding never recomputes)."""
         return bool(self.checkpoint_every) and self.training and torch.is_grad_enabled() and cache is None
 
-    def _self_attention_inputs(self, past: int, q_pos: Tensor, padding_mask: Tensor | None,
-                               prefix_len: int | Tensor | None, document_ids: Tensor | None = None) -> AttentionInputs:
+    def _self_attention_inputs(self, past: int | Tensor, q_pos: Tensor, padding_mask: Tensor | None,
+                               prefix_len: int | Tensor | None, document_ids: Tensor | None = None, *,
+                               keys: int | None = None) -> AttentionInputs:
         """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
         form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf.
-        ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``)."""
+        ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``).
+        ``keys``: a static cache's capacity; its slots after a query are masked by the decoder mask's
+        causal part, so the mask is always built (and ``past`` may be a 0-d tensor)."""
         T = q_pos.shape[0]
-        keep = _padding(padding_mask)  # (B, P+T) or None
-        plain = keep is None and document_ids is None
+        keep = _padding(padding_mask)  # (B, P+T) or (B, keys), or None
+        plain = keep is None and document_ids is None and keys is None
         if plain and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:
                 return AttentionInputs()  # one new query may see every key so far
             if past == 0:
                 return AttentionInputs(is_causal=True)
-        k_pos = torch.arange(past + T, device=q_pos.device)  # (P+T,)
+        k_pos = torch.arange(past + T if keys is None else keys, device=q_pos.device)  # (P+T,) or (keys,)
         bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
         allowed = self.mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
         if document_ids is not None:
@@ -162,7 +168,7 @@ class Stack(nn.Module):
         if allowed is None:
             if bias is None and keep is None:
                 return AttentionInputs()
-            allowed = torch.ones(T, past + T, dtype=torch.bool, device=q_pos.device)
+            allowed = torch.ones(T, k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
         if keep is not None:
             # a padded query keeps its own key, so no row is empty (its output is never used)
             allowed = (allowed & keep[:, None, None, :]) | (k_pos[None, :] == q_pos[:, None])

@@ -38,6 +38,8 @@ def info_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=positive_int, default=None, help="context length (default: the preset's)")
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--kv-dtype", default=None, choices=["int8"],
+                        help="the KV cache stored as int8 with a scale per head and position (default: --dtype)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
@@ -49,11 +51,12 @@ def info_main(argv: list[str] | None = None) -> None:
                   file=sys.stderr)
             sys.exit(2)
         names += [n for n in matched if n not in names]
-    rows = [stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype]) for n in names]
+    rows = [stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype], kv_dtype=args.kv_dtype)
+            for n in names]
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    table = Table(title=f"KV cache in {args.dtype}, batch {args.batch_size} (exact numbers: --json)")
+    table = Table(title=f"KV cache in {args.kv_dtype or args.dtype}, batch {args.batch_size} (exact numbers: --json)")
     for column in ("model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo.kv_cache import value_bytes
 from zoo.logits import RepeatControls
 from zoo.position import position_limit
 from zoo.registry import ARCH, ConfigError
@@ -118,7 +119,7 @@ class GenerationMixin:
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, num_beams: int = 1, length_penalty: float = 1.0,
                  repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, eos_token_id: int | None = -1,
-                 pad_token_id: int | None = None, use_cache: bool = True,
+                 pad_token_id: int | None = None, use_cache: bool = True, compile: bool = False,
                  generator: torch.Generator | None = None) -> Tensor:
         """Continue ``input_ids`` by up to ``max_new_tokens`` tokens.
 
@@ -138,6 +139,10 @@ class GenerationMixin:
                 is a decoder's prompt and continuation, an encoder-decoder's target after its start
                 token, never padding; beam search applies it to each beam's log-probabilities, as HF does.
             no_repeat_ngram_size: n > 0 lets no n-gram occur twice in that sequence; 0 is off.
+            compile: decode with a static KV cache (every position allocated up front) and a
+                ``torch.compile``d single-token step, which keeps its shapes from step to step, so it
+                compiles once per model, batch and length bucket (zoo.decoding). The tokens are those of
+                ``compile=False``; the first call pays the compile time. Needs ``use_cache``.
 
         Returns:
             decoder: (B, T + n) prompt and continuation; encoder_decoder: (B, 1 + n) starting with
@@ -149,6 +154,8 @@ class GenerationMixin:
         cfg = self.config
         steps_cls = self._steps_class()
         _check_counts(max_new_tokens, num_beams)
+        if compile and not use_cache:
+            raise ConfigError("compile=True decodes with a static KV cache; set use_cache=True (or compile=False)")
         check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                        no_repeat_ngram_size=no_repeat_ngram_size)
         repeats = RepeatControls(float(repetition_penalty), int(no_repeat_ngram_size))
@@ -160,7 +167,8 @@ class GenerationMixin:
         start = steps_cls.held(ids.shape[1])  # tokens the output holds before the new ones
         new = self._room(ids.shape[1], start, max_new_tokens, steps_cls.prompt)
         self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
-        out = self._decode(steps_cls, ids, mask, new, num_beams=num_beams, use_cache=use_cache, eos=eos, pad=pad,
+        caching = "static" if compile else "dynamic" if use_cache else None
+        out = self._decode(steps_cls, ids, mask, new, num_beams=num_beams, caching=caching, eos=eos, pad=pad,
                            length_penalty=length_penalty, repeats=repeats, do_sample=do_sample,
                            temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
@@ -170,17 +178,18 @@ class GenerationMixin:
         return out
 
     def _decode(self, steps_cls: type[Steps], ids: Tensor, mask: Tensor, new: int, *, num_beams: int,
-                use_cache: bool, eos: int | None, pad: int, length_penalty: float, repeats: RepeatControls,
+                caching: str | None, eos: int | None, pad: int, length_penalty: float, repeats: RepeatControls,
                 **sampling: Any) -> Tensor:
         """Up to ``new`` tokens after ``ids`` (B, T), in eval mode: beam search for ``num_beams`` > 1,
-        else greedy or sampled (``sampling``: the keywords of ``_sample``)."""
+        else greedy or sampled (``sampling``: the keywords of ``_sample``). ``caching``: None (recompute
+        every step), "dynamic" or "static" (zoo.decoding)."""
         was_training = self.training
         self.eval()
         try:
             if num_beams == 1:
-                return _sample(steps_cls(self, ids, mask, use_cache, new), new, eos, pad, repeats, **sampling)
+                return _sample(steps_cls(self, ids, mask, caching, new), new, eos, pad, repeats, **sampling)
             index = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(num_beams)
-            steps = steps_cls(self, ids[index], mask[index], use_cache, new)
+            steps = steps_cls(self, ids[index], mask[index], caching, new)
             return _beam_search(steps, ids.shape[0], num_beams, new, eos, pad, length_penalty, repeats)
         finally:
             self.train(was_training)
@@ -212,8 +221,8 @@ class GenerationMixin:
             return
         cfg = self.config
         layers = len(self.stacks()[-1].blocks)
-        per_position = rows * (2 * layers * cfg.resolved_n_kv_heads * cfg.resolved_head_dim
-                               * self.embed.weight.element_size() + 8)
+        per_value = value_bytes(self.kv_dtype, cfg.resolved_head_dim, self.embed.weight.element_size())
+        per_position = rows * (2 * layers * cfg.resolved_n_kv_heads * per_value + 8)
         if (start + new) * per_position <= free:
             return
         fits = max(0, free // per_position - start)

@@ -11,6 +11,19 @@ A mask that lets a query see only the last few keys (``Mask.lookback``: a slidin
 ``window - 1``) bounds the cache: each write attends over the kept keys and the new ones, then
 keeps only the last ``keep`` of them, so memory stays ``keep`` positions however long decoding
 runs. Kept keys stay in position order, the newest last: the mask's last columns are theirs.
+
+A static cache (``Cache(..., static=True)``, what ``generate(compile=True)`` uses) allocates every
+position up front and counts them in a tensor, so each decoding step has the same shapes and reads
+no Python number that changes: a compiled step runs again without recompiling. Its attention reads
+all ``capacity`` key slots; the mask hides those after the query (the causal part of every decoder
+mask), so the slots not yet written never count. It holds every position, windowed masks included.
+
+``kv_dtype="int8"`` stores keys and values as int8 with one float32 scale per row, head and
+position (symmetric absmax: x ~ q * max|x| / 127 over the head's ``hd`` values), about half the bytes
+of bf16 (``hd`` + 4 bytes instead of 2 * ``hd``) and a quarter of fp32. Every read dequantises to the
+keys' own dtype for the attention step. Each position is quantised alone, so decoding with the cache
+equals recomputing the whole sequence through a fresh int8 cache: the error is the rounding, not the
+caching.
 """
 
 from __future__ import annotations
@@ -18,94 +31,218 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+KV_DTYPES = ("int8",)  # what a cache may store keys and values as, besides their own dtype (None)
 
-class KVCache(nn.Module):
-    """Keys and values of one attention layer: (B, KV, held, hd), the last ``held`` of ``length``
-    positions written; ``keep`` (None: every position) bounds ``held``."""
 
-    def __init__(self, capacity: int = 256, *, keep: int | None = None) -> None:
+def check_kv_dtype(kv_dtype: str | None) -> None:
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        from zoo.registry import ConfigError
+
+        raise ConfigError(f"kv_dtype={kv_dtype!r} is not a KV-cache format; choose from {list(KV_DTYPES)} or None "
+                          f"(the model's own dtype)")
+
+
+def value_bytes(kv_dtype: str | None, head_dim: int, element_size: int) -> float:
+    """Bytes one key (or value) of one head and position takes: its ``hd`` values and, for int8, their scale."""
+    return head_dim + 4 if kv_dtype == "int8" else head_dim * element_size
+
+
+def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., hd) -> int8 values (..., hd) and float32 scales (..., 1), x ~ q * scale, |q| <= 127."""
+    scale = (x.detach().abs().amax(-1, keepdim=True).float() / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    return (x.float() / scale).round().clamp(-127, 127).to(torch.int8), scale
+
+
+class _Stored(nn.Module):
+    """Keys and values kept as ``kv_dtype``: ``k``, ``v`` and, for int8, their scales ``k_scale``,
+    ``v_scale`` (B, KV, L, 1). ``dtype`` is what reads give back: the dtype of the first keys written."""
+
+    def __init__(self, kv_dtype: str | None) -> None:
         super().__init__()
+        check_kv_dtype(kv_dtype)
+        self.kv_dtype, self.dtype = kv_dtype, None
+        for name in ("k", "v", "k_scale", "v_scale"):
+            self.register_buffer(name, None, persistent=False)
+
+    def _pack(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        self.dtype = self.dtype or x.dtype
+        return quantize_int8(x) if self.kv_dtype == "int8" else (x, None)
+
+    def _unpack(self, x: Tensor, scale: Tensor | None) -> Tensor:
+        return x if scale is None else (x.float() * scale).to(self.dtype)
+
+    def _stored(self) -> list[Tensor]:
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+
+    def nbytes(self) -> int:
+        """Bytes of the keys and values held, scales included (not of spare capacity)."""
+        return sum(t[:, :, : self.held].numel() * t.element_size() for t in self._stored())
+
+
+class KVCache(_Stored):
+    """Keys and values of one attention layer: (B, KV, held, hd), the last ``held`` of ``length``
+    positions written; ``keep`` (None: every position) bounds ``held``; ``kv_dtype`` how they are stored."""
+
+    static = False  # shapes grow with each write; ``offset`` is a Python int
+
+    def __init__(self, capacity: int = 256, *, keep: int | None = None, kv_dtype: str | None = None) -> None:
+        super().__init__(kv_dtype)
         self.capacity, self.keep = capacity, keep
         self.length = 0  # positions written so far: the position of the next one
         self.held = 0  # positions stored: the last ``held`` of them (= length without ``keep``)
-        self.register_buffer("k", None, persistent=False)
-        self.register_buffer("v", None, persistent=False)
+
+    @property
+    def offset(self) -> int:
+        """The position of the next key written."""
+        return self.length
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (B, KV, T, hd); return the keys/values to attend over: those held
         before and the new ones, (B, KV, held + T, hd), oldest first."""
+        (k, k_scale), (v, v_scale) = self._pack(k), self._pack(v)
         if self.keep is not None:
-            return self._append_bounded(k, v)
+            return self._append_bounded(k, v, k_scale, v_scale)
         new_length = self.length + k.shape[2]
         if self.k is None or new_length > self.k.shape[2]:
-            self._grow(k, max(new_length, 2 * (0 if self.k is None else self.k.shape[2]), self.capacity))
-        self.k[:, :, self.length : new_length] = k
-        self.v[:, :, self.length : new_length] = v
+            self._grow(max(new_length, 2 * (0 if self.k is None else self.k.shape[2]), self.capacity), k, k_scale)
+        for stored, new in zip(self._stored(), (k, v, k_scale, v_scale), strict=False):
+            stored[:, :, self.length : new_length] = new
         self.length = self.held = new_length
-        return self.k[:, :, :new_length], self.v[:, :, :new_length]
+        return self.get()
 
-    def _append_bounded(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def _append_bounded(self, *new: Tensor | None) -> tuple[Tensor, Tensor]:
         """``append`` that keeps only the last ``keep`` positions, in their own storage (a view of the
-        joined tensor would keep a long prompt's keys alive)."""
+        joined tensors would keep a long prompt's keys alive)."""
         assert self.keep is not None
-        self.length += k.shape[2]
+        self.length += new[0].shape[2]
+        joined = [t for t in new if t is not None]  # k, v (, k_scale, v_scale)
         if self.held:
-            k = torch.cat([self.k, k], dim=2)  # (B, KV, held + T, hd)
-            v = torch.cat([self.v, v], dim=2)
-        self.held = min(self.keep, k.shape[2])
-        start = k.shape[2] - self.held
-        self.k, self.v = k[:, :, start:].clone(), v[:, :, start:].clone()
-        return k, v
+            joined = [torch.cat([old, t], dim=2) for old, t in zip(self._stored(), joined, strict=True)]
+        self.held = min(self.keep, joined[0].shape[2])
+        start = joined[0].shape[2] - self.held
+        kept = [t[:, :, start:].clone() for t in joined]
+        self.k, self.v = kept[:2]
+        if self.kv_dtype is not None:
+            self.k_scale, self.v_scale = kept[2:]
+            return self._unpack(joined[0], joined[2]), self._unpack(joined[1], joined[3])
+        return joined[0], joined[1]
 
     def set(self, k: Tensor, v: Tensor) -> None:
         """Hold keys/values that never change (cross-attention over the encoder output)."""
-        self.k, self.v, self.length, self.held = k, v, k.shape[2], k.shape[2]
+        (self.k, self.k_scale), (self.v, self.v_scale) = self._pack(k), self._pack(v)
+        self.length = self.held = k.shape[2]
 
     def get(self) -> tuple[Tensor, Tensor]:
-        return self.k[:, :, : self.held], self.v[:, :, : self.held]
+        n = self.held
+        k_scale = None if self.k_scale is None else self.k_scale[:, :, :n]
+        v_scale = None if self.v_scale is None else self.v_scale[:, :, :n]
+        return self._unpack(self.k[:, :, :n], k_scale), self._unpack(self.v[:, :, :n], v_scale)
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the caches of the surviving beams)."""
         if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        if self.k_scale is not None:
+            self.k_scale, self.v_scale = self.k_scale.index_select(0, index), self.v_scale.index_select(0, index)
 
-    def _grow(self, like: Tensor, capacity: int) -> None:
+    def _grow(self, capacity: int, like: Tensor, like_scale: Tensor | None) -> None:
         B, KV, _, hd = like.shape
-        k = like.new_empty(B, KV, capacity, hd)
-        v = like.new_empty(B, KV, capacity, hd)
-        if self.k is not None:
-            k[:, :, : self.held] = self.k[:, :, : self.held]
-            v[:, :, : self.held] = self.v[:, :, : self.held]
-        self.k, self.v = k, v
+        old = self._stored()
+        self.k, self.v = (like.new_empty(B, KV, capacity, hd) for _ in range(2))
+        if like_scale is not None:
+            self.k_scale, self.v_scale = (like_scale.new_empty(B, KV, capacity, 1) for _ in range(2))
+        for stored, before in zip(self._stored(), old, strict=False):
+            stored[:, :, : self.held] = before[:, :, : self.held]
 
-    def nbytes(self) -> int:
-        """Bytes of the keys and values held (not of spare capacity)."""
-        return 0 if self.k is None else 2 * self.k[:, :, : self.held].numel() * self.k.element_size()
+
+class StaticKVCache(_Stored):
+    """Keys and values of one self-attention layer in buffers of ``capacity`` positions, (B, KV,
+    capacity, hd), allocated at the first write; ``pos`` (a 0-d tensor) is the next position. Every
+    write is in place, so a compiled step keeps seeing the same tensors."""
+
+    static = True
+
+    def __init__(self, capacity: int, *, kv_dtype: str | None = None) -> None:
+        super().__init__(kv_dtype)
+        self.capacity = capacity
+        self.register_buffer("pos", torch.zeros((), dtype=torch.long), persistent=False)
+
+    @property
+    def offset(self) -> Tensor:
+        """The position of the next key written, as a 0-d tensor (read inside a compiled step)."""
+        return self.pos
+
+    @property
+    def length(self) -> int:
+        return int(self.pos)
+
+    held = length
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new keys/values (B, KV, T, hd) at ``pos``..``pos`` + T - 1; return every slot,
+        (B, KV, capacity, hd): the caller's mask hides the slots after each query."""
+        new = [*self._pack(k), *self._pack(v)]  # k, k_scale, v, v_scale
+        new = [t for t in (new[0], new[2], new[1], new[3]) if t is not None]  # as _stored() orders them
+        if self.k is None:
+            B, KV = k.shape[:2]
+            self.k, self.v, *scales = (t.new_zeros(B, KV, self.capacity, t.shape[-1]) for t in new)
+            if scales:
+                self.k_scale, self.v_scale = scales
+            self.pos = self.pos.to(k.device)
+        slots = self.pos + torch.arange(k.shape[2], device=k.device)  # (T,)
+        for stored, t in zip(self._stored(), new, strict=True):
+            stored.index_copy_(2, slots, t.to(stored.dtype))
+        self.pos.add_(k.shape[2])
+        return self._unpack(self.k, self.k_scale), self._unpack(self.v, self.v_scale)
+
+    def get(self) -> tuple[Tensor, Tensor]:
+        n = self.held
+        k_scale = None if self.k_scale is None else self.k_scale[:, :, :n]
+        v_scale = None if self.v_scale is None else self.v_scale[:, :, :n]
+        return self._unpack(self.k[:, :, :n], k_scale), self._unpack(self.v[:, :, :n], v_scale)
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in place (the compiled step holds these very tensors)."""
+        for stored in self._stored():
+            stored.copy_(stored.index_select(0, index))
 
 
 class Cache(nn.Module):
     """The caches of a whole model: one per self-attention layer, one per cross-attention layer.
     ``keep`` bounds the self-attention caches to the last ``keep`` positions (the decoder mask's
-    ``lookback``); cross-attention always holds the whole encoder output."""
+    ``lookback``); cross-attention always holds the whole encoder output. ``static`` makes the
+    self-attention caches :class:`StaticKVCache` of ``capacity`` positions (``keep`` is then unused:
+    the mask, not the cache, drops what a window no longer sees). ``kv_dtype`` ("int8" or None) is
+    how every layer stores its keys and values."""
 
-    def __init__(self, n_layers: int, *, cross: bool = False, capacity: int = 256, keep: int | None = None) -> None:
+    def __init__(self, n_layers: int, *, cross: bool = False, capacity: int = 256, keep: int | None = None,
+                 static: bool = False, kv_dtype: str | None = None) -> None:
         super().__init__()
-        self.self_attn = nn.ModuleList(KVCache(capacity, keep=keep) for _ in range(n_layers))
-        self.cross_attn = nn.ModuleList(KVCache(capacity) for _ in range(n_layers)) if cross else None
+        self.static, self.capacity = static, capacity
+        if static:
+            self.self_attn = nn.ModuleList(StaticKVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers))
+        else:
+            self.self_attn = nn.ModuleList(KVCache(capacity, keep=keep, kv_dtype=kv_dtype) for _ in range(n_layers))
+        self.cross_attn = (nn.ModuleList(KVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers)) if cross
+                           else None)
 
     @property
     def length(self) -> int:
         """Number of positions already decoded (the offset of the next token)."""
         return self.self_attn[0].length
 
+    @property
+    def offset(self) -> int | Tensor:
+        """The position of the next token: an int, or a 0-d tensor for a static cache."""
+        return self.self_attn[0].offset
+
     def reorder(self, index: Tensor) -> None:
         for cache in self.modules():
-            if isinstance(cache, KVCache):
+            if isinstance(cache, _Stored):
                 cache.reorder(index)
 
     def nbytes(self) -> int:
-        return sum(c.nbytes() for c in self.modules() if isinstance(c, KVCache))
+        return sum(c.nbytes() for c in self.modules() if isinstance(c, _Stored))
 
     @torch.no_grad()
     def extra_repr(self) -> str:

@@ -77,6 +77,7 @@ class ZooModel(GenerationMixin, nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.kv_dtype: str | None = None  # how new KV caches store keys and values ("int8": zoo.quantize)
 
     def stacks(self) -> list[Stack]:
         return [m for m in self.children() if isinstance(m, Stack)]
@@ -103,11 +104,15 @@ class ZooModel(GenerationMixin, nn.Module):
             for proj in module.residual_projections() if hasattr(module, "residual_projections") else ():
                 nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
 
-    def new_cache(self, capacity: int = 256) -> Cache:
+    def new_cache(self, capacity: int = 256, *, static: bool = False, kv_dtype: str | None = "model") -> Cache:
         """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode; it keeps
-        only as many past positions as the decoder's mask lets a query see (``Mask.lookback``)."""
+        only as many past positions as the decoder's mask lets a query see (``Mask.lookback``).
+        ``static``: all ``capacity`` positions allocated at the first write, the shapes a compiled
+        decoding step needs; ``kv_dtype``: "int8" or None (the keys' own dtype), by default the
+        model's ``kv_dtype`` (zoo.kv_cache)."""
         decoder = self.stacks()[-1]
-        return Cache(len(decoder.blocks), cross=self.cross_attention, capacity=capacity, keep=decoder.mask.lookback)
+        return Cache(len(decoder.blocks), cross=self.cross_attention, capacity=capacity, keep=decoder.mask.lookback,
+                     static=static, kv_dtype=self.kv_dtype if kv_dtype == "model" else kv_dtype)
 
     def embed_tokens(self, input_ids: Tensor) -> Tensor:
         """(B, T) token ids -> (B, T, D) embeddings, times ``embed_scale``. With sinusoidal

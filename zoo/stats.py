@@ -4,7 +4,8 @@ Parameters are counted exactly on a meta-device copy, so a 70B preset costs no m
 FLOPs follow Chowdhery et al. 2022 (PaLM, appendix B): a forward pass costs 2 FLOPs per matmul
 weight per token plus 4 * layers * seq_len * (heads * head_dim) for the score and value products;
 training (forward + backward) is 3x the forward. KV-cache bytes are
-2 (K and V) x layers x kv_heads x head_dim x seq_len x bytes per value x batch.
+2 (K and V) x layers x kv_heads x head_dim x seq_len x bytes per value x batch; an int8 cache
+(``kv_dtype="int8"``) takes 1 byte per value plus a 4-byte scale per head and position (zoo.kv_cache).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from zoo.config import ModelConfig
+from zoo.kv_cache import check_kv_dtype, value_bytes
 from zoo.models import ZooModel, build_model, count_parameters
 from zoo.position import T5Relative
 from zoo.presets import get_config
@@ -33,17 +35,20 @@ class ModelStats:
     seq_len: int
     batch_size: int
     dtype: str
+    kv_dtype: str  # what the KV cache stores: the model's dtype, or "int8"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, batch_size: int = 1,
-          dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> ModelStats:
+          dtype: torch.dtype = torch.bfloat16, kv_dtype: str | None = None, **overrides: Any) -> ModelStats:
     """Parameters, FLOPs per token and KV-cache bytes of a preset name, a config or a model.
 
-    ``zoo.stats("llama2-7b", seq_len=4096, dtype=torch.bfloat16).kv_cache_bytes == 2_147_483_648``.
+    ``zoo.stats("llama2-7b", seq_len=4096, dtype=torch.bfloat16).kv_cache_bytes == 2_147_483_648``;
+    with ``kv_dtype="int8"`` it is 1_107_296_256 (0.52x: 128 + 4 bytes per head and position instead of 256).
     """
+    check_kv_dtype(kv_dtype)
     if isinstance(model, ZooModel):
         cfg, name = model.config, type(model).__name__
     else:
@@ -61,14 +66,14 @@ def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, ba
     head = cfg.vocab_size * cfg.d_model if tied_head else 0  # tied: a matmul, no new weight
     d_attn = cfg.n_heads * cfg.resolved_head_dim
     forward = 2 * (non_embedding + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn
-    bytes_per_value = torch.empty((), dtype=dtype).element_size()
+    per_head = value_bytes(kv_dtype, cfg.resolved_head_dim, torch.empty((), dtype=dtype).element_size())
     lookback = model.stacks()[-1].mask.lookback  # a sliding window's cache keeps its last positions only
     held = seq_len if lookback is None or form.cross_attention else min(seq_len, lookback)
-    kv = (2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * cfg.resolved_head_dim * held * bytes_per_value
-          * batch_size)
+    kv = 2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * per_head * held * batch_size
     return ModelStats(name=name, params=params, embedding_params=embedding, non_embedding_params=non_embedding,
                       flops_per_token_forward=forward, flops_per_token_train=3 * forward, kv_cache_bytes=kv,
-                      seq_len=seq_len, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."))
+                      seq_len=seq_len, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."),
+                      kv_dtype=kv_dtype or str(dtype).removeprefix("torch."))
 
 
 def _relative_tables(model: nn.Module) -> int:
