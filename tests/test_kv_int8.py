@@ -68,6 +68,27 @@ def test_int8_static_cache_equals_the_growing_int8_cache(monkeypatch):
                        model.generate(prompts, 10, eos_token_id=None))
 
 
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_an_int8_model_decodes_the_same_with_and_without_its_cache(arch, position):
+    """``kv_dtype="int8"`` rounds keys and values without a cache as the cache stores them, so
+    uncached decoding (and a forward pass: an evaluation) computes what cached decoding does."""
+    model = tiny_model(arch=arch, position=position, n_kv_heads=2)
+    model.kv_dtype = "int8"
+    prompt = torch.randint(5, 61, (2, 6))
+    cached = model.generate(prompt, 10, eos_token_id=None)
+    assert torch.equal(cached, model.generate(prompt, 10, eos_token_id=None, use_cache=False))
+    ids = torch.randint(5, 61, (2, 9))
+    with torch.no_grad():
+        full = model(ids) if arch == "decoder" else model(prompt, ids)
+        if arch == "decoder":
+            torch.testing.assert_close(full[:, -1], _recomputed(model, ids, None), atol=1e-5, rtol=1e-5)
+    model.kv_dtype = None
+    with torch.no_grad():
+        plain = model(ids) if arch == "decoder" else model(prompt, ids)
+    assert not torch.equal(full, plain)
+
+
 def test_an_int8_cache_takes_about_half_the_bytes_of_bf16():
     """hd + 4 bytes per head and position instead of 2 * hd: 68 / 128 = 0.53 at hd 64."""
     model = tiny_model(d_model=256, n_heads=4).to(torch.bfloat16)  # head_dim 64

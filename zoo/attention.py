@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.kv_cache import KVCache
+from zoo.kv_cache import KVCache, round_trip
 from zoo.position import apply_rotary
 from zoo.registry import ATTENTION, ConfigError
 
@@ -161,6 +161,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
         self.dropout = dropout
+        self.kv_dtype: str | None = None  # "int8": keys and values rounded as an int8 KV cache stores them
         self.kernel = kernel  # resolved to its function once, here and whenever it is reassigned
         self._input_projections(d_model, n_heads * head_dim, n_kv_heads * head_dim, bias=qkv_bias)
         self.out = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
@@ -228,6 +229,8 @@ class SelfAttention(Attention):
         if cache is not None:
             k, v = cache.append(k, v)  # (B, KV, held + T, hd); a bounded cache holds only the last positions
             inputs = inputs.for_last_keys(k.shape[2])
+        else:
+            k, v = round_trip(k, self.kv_dtype), round_trip(v, self.kv_dtype)
         return self._attend(q, k, v, inputs)
 
 
@@ -255,4 +258,6 @@ class CrossAttention(Attention):
             if cache is not None:
                 cache.set(k, v)
                 k, v = cache.get()  # as every later step reads them (an int8 cache rounds them)
+            else:
+                k, v = round_trip(k, self.kv_dtype), round_trip(v, self.kv_dtype)
         return self._attend(q, k, v, inputs)

@@ -53,6 +53,15 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x.float() / scale).round().clamp(-127, 127).to(torch.int8), scale
 
 
+def round_trip(x: Tensor, kv_dtype: str | None) -> Tensor:
+    """``x`` (..., hd) as a ``kv_dtype`` cache would give it back: what attention without a cache
+    reads when the model's keys and values are int8 (``ZooModel.kv_dtype``)."""
+    if kv_dtype is None:
+        return x
+    q, scale = quantize_int8(x)
+    return (q.float() * scale).to(x.dtype)
+
+
 class _Stored(nn.Module):
     """Keys and values kept as ``kv_dtype``: ``k``, ``v`` and, for int8, their scales ``k_scale``,
     ``v_scale`` (B, KV, L, 1). ``dtype`` is what reads give back: the dtype of the first keys written."""

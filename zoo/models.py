@@ -27,7 +27,7 @@ from zoo.blocks import Stack
 from zoo.config import ModelConfig
 from zoo.decoding import DecoderSteps, EncoderDecoderSteps, Steps
 from zoo.generation import GenerationMixin
-from zoo.kv_cache import Cache
+from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
 
@@ -77,7 +77,21 @@ class ZooModel(GenerationMixin, nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.kv_dtype: str | None = None  # how new KV caches store keys and values ("int8": zoo.quantize)
+
+    @property
+    def kv_dtype(self) -> str | None:
+        """How keys and values are kept: None (their own dtype) or "int8" (zoo.kv_cache). New KV caches
+        store them so, and attention without a cache rounds them the same way, so a forward pass
+        computes what cached decoding does. ``zoo.quantize(model, kv_cache="int8")`` sets it."""
+        return getattr(self, "_kv_dtype", None)
+
+    @kv_dtype.setter
+    def kv_dtype(self, kv_dtype: str | None) -> None:
+        check_kv_dtype(kv_dtype)
+        self._kv_dtype = kv_dtype
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.kv_dtype = kv_dtype
 
     def stacks(self) -> list[Stack]:
         return [m for m in self.children() if isinstance(m, Stack)]
