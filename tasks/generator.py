@@ -20,11 +20,14 @@ class GeneratorTask(ZooTask):
     def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
                  scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
                  adapter: dict[str, Any] | None = None,
-                 sample_prompt: str = "def", sample_tokens: int = 48, sample_temperature: float = 0.8) -> None:
+                 sample_prompt: str = "def", sample_tokens: int = 48, sample_temperature: float = 0.8,
+                 loss_chunk: int | None = None) -> None:
+        """``loss_chunk``: rows (tokens) per chunk of the training loss (zoo.chunked_cross_entropy), so
+        the whole (B, T, V) logits never exist in training; None or 0: the whole logits at once."""
         super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
                          adapter=adapter)
         self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
-        self.sample_temperature = sample_temperature
+        self.sample_temperature, self.loss_chunk = sample_temperature, loss_chunk
         self.samples: list[str] = []
         self.add_metrics()
 
@@ -42,11 +45,17 @@ class GeneratorTask(ZooTask):
                                   f"(model.max_seq_len); lower task.sample_tokens")
         if settings.get("sample_temperature", 0.8) <= 0:
             raise zoo.ConfigError(f"task.sample_temperature={settings['sample_temperature']} must be > 0")
+        if (settings.get("loss_chunk") or 0) < 0:
+            raise zoo.ConfigError(f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
+                                  f"training loss), or null or 0 for the whole logits at once")
 
     def metrics(self, stage: str) -> dict[str, Metric]:
         return {} if stage == "train" else {"ppl": Perplexity(ignore_index=-100)}
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
+        if stage == "train" and self.loss_chunk:  # no metric reads the logits in training
+            hidden = self.model.features(batch["input_ids"], document_ids=batch.get("document_ids"))  # (B, T, D)
+            return zoo.chunked_cross_entropy(hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk)
         logits = self.model(batch["input_ids"], document_ids=batch.get("document_ids"))  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
         metrics = self.metrics_at(stage)

@@ -13,6 +13,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.text import BLEUScore, CHRFScore
 
+import zoo
 from tasks.base import ZooTask
 from tasks.data.tokenizers import added_around
 
@@ -24,14 +25,24 @@ class TranslatorTask(ZooTask):
                  scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
                  adapter: dict[str, Any] | None = None,
                  label_smoothing: float = 0.1, num_beams: int = 1, length_penalty: float = 1.0,
-                 max_new_tokens: int = 64, decode_batches: int = 4, n_samples: int = 3) -> None:
-        """``decode_batches``: how many validation batches are translated for BLEU/chrF (all test batches are)."""
+                 max_new_tokens: int = 64, decode_batches: int = 4, n_samples: int = 3,
+                 loss_chunk: int | None = None) -> None:
+        """``decode_batches``: how many validation batches are translated for BLEU/chrF (all test batches are).
+        ``loss_chunk``: rows (target tokens) per chunk of the training loss (zoo.chunked_cross_entropy), so
+        the whole (B, T, V) logits never exist in training; None or 0: the whole logits at once."""
         super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
                          adapter=adapter)
         self.label_smoothing, self.num_beams, self.length_penalty = label_smoothing, num_beams, length_penalty
         self.max_new_tokens, self.decode_batches, self.n_samples = max_new_tokens, decode_batches, n_samples
+        self.loss_chunk = loss_chunk
         self.samples: list[tuple[str, str, str]] = []
         self.add_metrics()
+
+    @classmethod
+    def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
+        if (settings.get("loss_chunk") or 0) < 0:
+            raise zoo.ConfigError(f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
+                                  f"training loss), or null or 0 for the whole logits at once")
 
     def metrics(self, stage: str) -> dict[str, Metric]:
         return {} if stage == "train" else {"bleu": BLEUScore(), "chrf": CHRFScore()}
@@ -39,6 +50,11 @@ class TranslatorTask(ZooTask):
     def model_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
         """Teacher-forced loss; outside training the batch is also translated for BLEU/chrF (in
         validation only ``decode_batches`` batches, spread over the length-sorted set)."""
+        if stage == "train" and self.loss_chunk:  # nothing is translated in training
+            memory = self.model.encode(batch["input_ids"], batch["attention_mask"])  # (B, S, D)
+            hidden = self.model.decoder_features(batch["decoder_input_ids"], memory, batch["attention_mask"])
+            return zoo.chunked_cross_entropy(hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk,
+                                             label_smoothing=self.label_smoothing)  # hidden: (B, T, D)
         logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
                                label_smoothing=self.label_smoothing)

@@ -69,6 +69,7 @@ def test_memory_scripts_run_tiny_from_a_checkout(name, tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / f"{name}.json"
     args = ["--layers=1", "--d-model=32", "--heads=2", "--vocab=64", "--batch=1", "--length=16", f"--out={out}"]
+    args += ["--loss-chunk=5"] if name == "memory" else []  # 16 tokens in chunks of 5, 5, 5 and 1
     done = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True,
                           timeout=300, cwd="/")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -78,4 +79,5 @@ def test_memory_scripts_run_tiny_from_a_checkout(name, tmp_path):
         assert math.isclose(results["lora"]["first_loss"], results["full"]["first_loss"], rel_tol=1e-6)  # B = 0
     else:
         losses = {round(r["loss"], 4) for r in results}
-        assert len(results) == 4 and len(losses) == 1  # the four variants compute one function
+        assert len(results) == 6 and len(losses) == 1  # the six variants compute one function
+        assert {r["loss_kind"] for r in results if r["side"] == "zoo"} == {"whole", "chunked"}

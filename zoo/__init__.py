@@ -11,6 +11,7 @@ from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy
 from zoo.io import CheckpointError, atomic_save, atomic_write, load_weights_file
 from zoo.kv_cache import Cache, KVCache
+from zoo.losses import chunked_cross_entropy
 from zoo.models import (
     DecoderModel,
     EncoderDecoderModel,
@@ -46,6 +47,7 @@ __all__ = [
     "build_model",
     "capture_attention",
     "check_weights",
+    "chunked_cross_entropy",
     "count_parameters",
     "create_model",
     "from_hf",

@@ -1,12 +1,14 @@
 """zoo-bench memory: the peak memory of one training step with and without activation checkpointing,
-zoo beside Hugging Face ``transformers`` on the same GPT-2-like decoder.
+zoo beside Hugging Face ``transformers`` on the same GPT-2-like decoder, and zoo with its chunked loss.
 
-    python scripts/bench/memory.py        # 12 layers, d 512, seq 512, batch 4: about a minute on 2 CPU cores
-    python scripts/bench/memory.py --vocab 8192 --out memory.json
+    python scripts/bench/memory.py        # 12 layers, d 512, seq 512, batch 4: a few minutes on 2 CPU cores
+    python scripts/bench/memory.py --vocab 8192 --loss-chunk 256 --out memory.json
 
-Four variants, each in a fresh process: zoo with ``activation_checkpointing`` "none" and "all", HF
+Six variants, each in a fresh process: zoo with ``activation_checkpointing`` "none" and "all", HF
 ``GPT2LMHeadModel`` without and with its gradient checkpointing (``activation_checkpointing_enable()``,
-formerly ``gradient_checkpointing_enable()``). All four compute the same function: the HF model is
+formerly ``gradient_checkpointing_enable()``), and zoo "none" and "all" again with the output-layer loss
+in chunks of ``--loss-chunk`` tokens (``zoo.chunked_cross_entropy``, what ``task.loss_chunk`` turns on:
+the whole (B, T, V) logits never exist). All six compute the same function: the HF model is
 built at random (seed 0) and zoo's copy of it comes from ``zoo.from_hf``; same batch, fp32, no
 dropout, ``use_cache=False`` for HF, and one loss outside both models (next-token cross-entropy that
 shifts the labels, not the logits, so no copy of the (B, T, V) logits is made). The losses printed
@@ -29,9 +31,10 @@ How memory is measured:
   ``torch.distributed._tools.mem_tracker.MemTracker``: each variant within 35 MiB above it.)
 - CUDA: ``torch.cuda.max_memory_allocated()`` over the step minus ``memory_allocated()`` before it.
 
-Reported per variant: that growth in MiB, its ratio to the same side's plain step (checkpointed/plain)
-and zoo/HF at the same setting; the loss; seconds for the one step, a rough hint of the recompute's
-cost only (one step, page faults from the malloc setting; hf_compare.py measures speed).
+Reported per variant: that growth in MiB, its ratio to the same side's plain step (no checkpointing,
+whole logits) and zoo/HF at the same checkpointing (HF always with whole logits); the loss; seconds for
+the one step, a rough hint of the recompute's cost only (one step, page faults from the malloc setting;
+hf_compare.py measures speed).
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ from hf_compare import _peak_rss, _reset_peak_rss, hf_model, machine_info  # noq
 
 import zoo  # noqa: E402
 
-VARIANTS = (("zoo", False), ("zoo", True), ("hf", False), ("hf", True))
+# (side, activation checkpointing, loss): the loss over the "whole" (B, T, V) logits, or "chunked"
+VARIANTS = (("zoo", "none", "whole"), ("zoo", "all", "whole"), ("hf", "none", "whole"), ("hf", "all", "whole"),
+            ("zoo", "none", "chunked"), ("zoo", "all", "chunked"))
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
@@ -91,7 +96,7 @@ def build(side: str, checkpointed: bool, args: argparse.Namespace):
 
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     """In this (fresh) process: build one variant, run one step, return what it cost."""
-    side, policy = args.probe.split(":")
+    side, policy, loss_kind = args.probe.split(":")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, forward = build(side, policy == "all", args)
@@ -107,15 +112,19 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     else:
         before = _reset_peak_rss()
     start = time.perf_counter()
-    loss = next_token_loss(forward(ids), ids)
+    if loss_kind == "chunked":  # only zoo: its final hidden states, then the loss a chunk of logits at a time
+        labels = F.pad(ids[:, 1:], (0, 1), value=-100)  # (B, T), as in next_token_loss
+        loss = zoo.chunked_cross_entropy(model.features(ids), model.logits, labels, chunk=args.loss_chunk)
+    else:
+        loss = next_token_loss(forward(ids), ids)
     loss.backward()
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     assert all(p.grad is not None for p in model.parameters()), "a parameter got no gradient"
-    return {"side": side, "checkpointing": policy, "peak_mib": (peak - before) / 2**20, "loss": loss.item(),
-            "seconds": seconds, "weights_mib": weights / 2**20}
+    return {"side": side, "checkpointing": policy, "loss_kind": loss_kind, "peak_mib": (peak - before) / 2**20,
+            "loss": loss.item(), "seconds": seconds, "weights_mib": weights / 2**20}
 
 
 def in_fresh_process(script: Path, args: argparse.Namespace, probe: str) -> dict[str, Any]:
@@ -131,19 +140,25 @@ def in_fresh_process(script: Path, args: argparse.Namespace, probe: str) -> dict
 
 
 def with_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each result with checkpointed/plain (same side) and zoo/HF (same checkpointing) peak ratios."""
-    peak = {(r["side"], r["checkpointing"]): r["peak_mib"] for r in results}
+    """Each result with its peak over the same side's plain step (no checkpointing, whole logits) and, for
+    zoo, over HF's at the same checkpointing."""
+    peak = {(r["side"], r["checkpointing"], r["loss_kind"]): r["peak_mib"] for r in results}
     for r in results:
-        r["vs_plain"] = r["peak_mib"] / peak[(r["side"], "none")]
-        r["zoo_vs_hf"] = peak[("zoo", r["checkpointing"])] / peak[("hf", r["checkpointing"])]
+        r["vs_plain"] = r["peak_mib"] / peak[(r["side"], "none", "whole")]
+        r["zoo_vs_hf"] = r["peak_mib"] / peak[("hf", r["checkpointing"], "whole")] if r["side"] == "zoo" else None
     return results
 
 
 def goals(results: list[dict[str, Any]]) -> dict[str, bool]:
-    """The issue's two goals: zoo checkpointed <= 0.5x zoo plain, and below HF with its checkpointing."""
-    peak = {(r["side"], r["checkpointing"]): r["peak_mib"] for r in results}
-    return {"zoo checkpointed <= 0.5x zoo plain": peak[("zoo", "all")] <= 0.5 * peak[("zoo", "none")],
-            "zoo checkpointed < HF checkpointed": peak[("zoo", "all")] < peak[("hf", "all")]}
+    """The issue's two goals: zoo checkpointed <= 0.5x zoo plain, and below HF with its checkpointing;
+    for zoo's checkpointing alone and with the chunked loss."""
+    peak = {(r["side"], r["checkpointing"], r["loss_kind"]): r["peak_mib"] for r in results}
+    plain, hf = peak[("zoo", "none", "whole")], peak[("hf", "all", "whole")]
+    out = {}
+    for loss_kind, name in (("whole", "zoo checkpointed"), ("chunked", "zoo checkpointed + chunked loss")):
+        out[f"{name} <= 0.5x zoo plain"] = peak[("zoo", "all", loss_kind)] <= 0.5 * plain
+        out[f"{name} < HF checkpointed"] = peak[("zoo", "all", loss_kind)] < hf
+    return out
 
 
 def print_table(out: dict[str, Any]) -> None:
@@ -151,11 +166,12 @@ def print_table(out: dict[str, Any]) -> None:
     title = (f"peak memory of one training step (forward + backward) on {a['device']}: {a['layers']} layers, "
              f"d {a['d_model']}, vocab {a['vocab']}, batch {a['batch']} x {a['length']}")
     table = Table(title=title)
-    for column in ("model", "checkpointing", "peak MiB", "vs plain", "zoo/HF", "loss", "seconds"):
-        table.add_column(column, justify="left" if column in ("model", "checkpointing") else "right")
+    for column in ("model", "checkpointing", "logits", "peak MiB", "vs plain", "zoo/HF", "loss", "seconds"):
+        table.add_column(column, justify="left" if column in ("model", "checkpointing", "logits") else "right")
     for r in out["results"]:
         zoo_vs_hf = f"{r['zoo_vs_hf']:.2f}x" if r["side"] == "zoo" else ""
-        table.add_row("zoo" if r["side"] == "zoo" else "HF GPT2", r["checkpointing"], f"{r['peak_mib']:,.0f}",
+        logits = f"chunks of {a['loss_chunk']}" if r["loss_kind"] == "chunked" else "whole"
+        table.add_row("zoo" if r["side"] == "zoo" else "HF GPT2", r["checkpointing"], logits, f"{r['peak_mib']:,.0f}",
                       f"{r['vs_plain']:.2f}x", zoo_vs_hf, f"{r['loss']:.5f}", f"{r['seconds']:.1f}")
     console = Console(width=120)
     console.print(table)
@@ -175,9 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--loss-chunk", type=int, default=512,
+                        help="tokens per chunk of the chunked-loss variants (default: 512)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
-    parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # side:policy, in the fresh process
+    parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # side:policy:loss, in the fresh process
     return parser
 
 
@@ -189,8 +207,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(probe(args)))
         return {}
     script = Path(__file__).resolve()
-    results = with_ratios([in_fresh_process(script, args, f"{side}:{'all' if checkpointed else 'none'}")
-                           for side, checkpointed in VARIANTS])
+    results = with_ratios([in_fresh_process(script, args, ":".join(variant)) for variant in VARIANTS])
     out = {"machine": machine_info(parser), "config": {k: v for k, v in vars(args).items() if k != "probe"},
            "method": "CUDA max_memory_allocated" if args.device.startswith("cuda") else "VmHWM - VmRSS, fresh process",
            "results": results, "goals": goals(results)}
