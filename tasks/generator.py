@@ -82,10 +82,11 @@ class GeneratorTask(ZooTask):
 
     def respond(self, prompt: str, *, max_new_tokens: int, do_sample: bool, temperature: float, top_k: int | None,
                 top_p: float | None, seed: int, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                **_: Any) -> str:
+                compile: bool = False, **_: Any) -> str:
         """``prompt`` continued: sampled with ``temperature``, ``top_k`` and ``top_p``, or greedy;
-        ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to either."""
+        ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to either; ``compile``: a static
+        cache and a compiled step (``ZooModel.generate``)."""
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
         return self.generate_text(prompt, max_new_tokens, seed=seed, do_sample=bool(do_sample),
                                   repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                                  **sampling)
+                                  compile=bool(compile), **sampling)

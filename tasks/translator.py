@@ -115,7 +115,9 @@ class TranslatorTask(ZooTask):
         return tokenizer
 
     def respond(self, prompt: str, *, max_new_tokens: int, num_beams: int, repetition_penalty: float = 1.0,
-                no_repeat_ngram_size: int = 0, **_: Any) -> str:
-        """The translation of ``prompt``, greedy or with ``num_beams`` beams."""
+                no_repeat_ngram_size: int = 0, compile: bool = False, **_: Any) -> str:
+        """The translation of ``prompt``, greedy or with ``num_beams`` beams; ``compile``: a static
+        cache and a compiled step (``ZooModel.generate``)."""
         return self.translate([prompt], num_beams=num_beams, max_new_tokens=max_new_tokens,
-                              repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)[0]
+                              repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                              compile=bool(compile))[0]

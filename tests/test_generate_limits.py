@@ -222,6 +222,21 @@ def test_zoo_generate_mistakes_end_in_one_line(ckpt, overrides, message, ckpts, 
     assert message in one_line(capsys)
 
 
+@pytest.mark.parametrize("ckpt,prompt", [("rope", "prompt=def add"), ("translator", "prompt=three hundred")])
+def test_zoo_generate_compiled_says_what_it_says_eagerly(ckpt, prompt, ckpts, monkeypatch):
+    """compile=true: a static cache and the compiled step (run eagerly here: tests/test_static_cache.py
+    compiles for real), the same text."""
+    monkeypatch.setattr(zoo.decoding, "compiled", lambda step: step)
+    settings = [f"ckpt_path={ckpts[ckpt]}", prompt, "max_new_tokens=6", "do_sample=false"]
+    assert generate(settings + ["compile=true"]) == generate(settings)
+
+
+def test_zoo_generate_refuses_a_compile_that_is_no_boolean(ckpts, capsys):
+    with pytest.raises(SystemExit):
+        generate([f"ckpt_path={ckpts['rope']}", "prompt=def", "compile=maybe"])
+    assert "compile='maybe' must be true or false" in one_line(capsys)
+
+
 def test_an_unknown_task_is_a_user_error(ckpts):
     task, _ = load_task(ckpts["rope"])
     with pytest.raises(UserError, match="task 'poet' is not one zoo-generate answers"):

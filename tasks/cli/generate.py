@@ -39,7 +39,7 @@ def prompt_of(task: ZooTask, cfg: DictConfig) -> str:
 
 
 SETTINGS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_beams", "repetition_penalty",
-            "no_repeat_ngram_size", "top", "seed")
+            "no_repeat_ngram_size", "top", "seed", "compile")
 """The settings of conf/generate.yaml that go to ``ZooTask.respond``; each task reads those it needs."""
 
 
@@ -62,6 +62,8 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
 def main(cfg: DictConfig) -> str:
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise UserError(f"seed={cfg.seed!r} must be a whole number")
+    if not isinstance(cfg.compile, bool):
+        raise UserError(f"compile={cfg.compile!r} must be true or false")
     torch.manual_seed(cfg.seed)
     given(cfg, "ckpt_path", "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt")
     task, info = load_task(cfg.ckpt_path)
