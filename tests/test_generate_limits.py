@@ -231,6 +231,23 @@ def test_zoo_generate_compiled_says_what_it_says_eagerly(ckpt, prompt, ckpts, mo
     assert generate(settings + ["compile=true"]) == generate(settings)
 
 
+@pytest.mark.parametrize("ckpt,prompt", [("rope", "prompt=def add"), ("translator", "prompt=three hundred")])
+def test_zoo_generate_with_int8_weights_and_kv_cache(ckpt, prompt, ckpts):
+    text = generate([f"ckpt_path={ckpts[ckpt]}", prompt, "max_new_tokens=6", "quantize=int8", "kv_cache=int8"])
+    assert isinstance(text, str) and (ckpt != "rope" or text.startswith("def add"))
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("quantize=int4", "quantize=int4: weights='int4' needs a CUDA device"),
+    ("quantize=int3", "quantize=int3: weights='int3' is not a registered weight precision"),
+    ("kv_cache=int4", "kv_cache=int4 is not a KV-cache precision; choose int8"),
+])
+def test_zoo_generate_refuses_a_precision_in_one_line(setting, message, ckpts, capsys):
+    with pytest.raises(SystemExit) as stop:
+        generate([f"ckpt_path={ckpts['rope']}", "prompt=def", setting])
+    assert stop.value.code == 2 and message in one_line(capsys)
+
+
 def test_zoo_generate_refuses_a_compile_that_is_no_boolean(ckpts, capsys):
     with pytest.raises(SystemExit):
         generate([f"ckpt_path={ckpts['rope']}", "prompt=def", "compile=maybe"])

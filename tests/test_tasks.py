@@ -190,7 +190,13 @@ def test_real_commands_multirun_eval_generate_export(tmp_path):
     evaluated = _run(["tasks.cli.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}",
                       "trainer.limit_test_batches=2"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert "test/ppl" in json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    fp32 = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert "test/ppl" in fp32
+    int8 = _run(["tasks.cli.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval8'}",
+                 "trainer.limit_test_batches=2", "quantize=int8", "kv_cache=int8"], tmp_path)
+    assert int8.returncode == 0, int8.stderr[-3000:]
+    int8_ppl = json.loads((tmp_path / "eval8" / "metrics.json").read_text())["test/ppl"]
+    assert int8_ppl != fp32["test/ppl"] and int8_ppl == pytest.approx(fp32["test/ppl"], rel=0.05)
 
     generated = _run(["tasks.cli.generate", f"ckpt_path={ckpt}", "prompt=def fib(n):", "max_new_tokens=5"],
                      tmp_path)

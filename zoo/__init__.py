@@ -23,6 +23,7 @@ from zoo.models import (
 from zoo.position import position_limit
 from zoo.presets import create_model, get_config, list_models, register_model
 from zoo.pretrained import check_weights, load_pretrained, save_pretrained
+from zoo.quantize import quantize
 from zoo.registry import ConfigError, Registry, list_components, register
 from zoo.stats import ModelStats, stats
 
@@ -60,6 +61,7 @@ __all__ = [
     "load_weights_file",
     "load_pretrained",
     "position_limit",
+    "quantize",
     "register",
     "register_model",
     "row_entropy",

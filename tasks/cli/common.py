@@ -189,6 +189,22 @@ def load_task(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask
     return task, checkpoint["zoo_run"]
 
 
+def for_inference(task: ZooTask, cfg: DictConfig) -> None:
+    """``quantize=`` and ``kv_cache=`` of zoo-eval and zoo-generate: the task's model, its LoRA adapter
+    merged, in those precisions (``zoo.quantize``); a setting it cannot take is one line naming it."""
+    weights, kv_cache = cfg.get("quantize"), cfg.get("kv_cache")
+    if weights is None and kv_cache is None:
+        return
+    if kv_cache is not None and kv_cache not in zoo.kv_cache.KV_DTYPES:
+        raise UserError(f"kv_cache={kv_cache} is not a KV-cache precision; choose {' or '.join(zoo.kv_cache.KV_DTYPES)}"
+                        f", or null for the weights' own")
+    task.merge_adapter()
+    try:
+        zoo.quantize(task.model, weights=weights, kv_cache=kv_cache)
+    except zoo.ConfigError as error:  # what remains is about the weights
+        raise UserError(f"quantize={weights}: {error}") from None
+
+
 def task_and_checkpoint(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask, dict[str, Any]]:
     """``load_task``, with the whole checkpoint it was read from (its step count and callback states)."""
     checkpoint = read_checkpoint(ckpt_path, map_location=map_location)

@@ -13,7 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tasks.cli.common import check_values, conf_dir, data_module, load_task, quiet_libraries, user_errors
+from tasks.cli.common import (
+    check_values,
+    conf_dir,
+    data_module,
+    for_inference,
+    load_task,
+    quiet_libraries,
+    user_errors,
+)
 from tasks.errors import UserError
 from zoo.io import atomic_write_text
 
@@ -26,6 +34,7 @@ def main(cfg: DictConfig) -> dict[str, float]:
     check_values(cfg)  # data.* overrides (+data.batch_size=0 …)
     quiet_libraries()
     task, info = load_task(cfg.ckpt_path)
+    for_inference(task, cfg)  # quantize= / kv_cache=: the metrics of the model in those precisions
     datamodule = data_module(info, task, **OmegaConf.to_container(cfg.data, resolve=True))
     trainer = instantiate(cfg.trainer, callbacks=[RichProgressBar()], enable_checkpointing=False)
     run = trainer.test if cfg.split == "test" else trainer.validate
@@ -34,6 +43,9 @@ def main(cfg: DictConfig) -> dict[str, float]:
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     table = Table(title=f"zoo-eval ({cfg.split} split)", show_header=False)
     table.add_row("checkpoint", str(cfg.ckpt_path))
+    for key in ("quantize", "kv_cache"):
+        if cfg.get(key) is not None:
+            table.add_row(key, str(cfg[key]))
     for name, value in sorted(metrics.items()):
         table.add_row(name, f"{value:.4f}")
     Console().print(table)

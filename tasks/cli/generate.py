@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.common import conf_dir, literal, load_task, quote_free_text, user_errors
+from tasks.cli.common import conf_dir, for_inference, literal, load_task, quote_free_text, user_errors
 from tasks.errors import UserError
 from zoo.generation import GenerationLimitWarning, PromptError
 
@@ -67,6 +67,7 @@ def main(cfg: DictConfig) -> str:
     torch.manual_seed(cfg.seed)
     given(cfg, "ckpt_path", "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt")
     task, info = load_task(cfg.ckpt_path)
+    for_inference(task, cfg)  # quantize= / kv_cache=
     if task.tokenizer_json is None:
         raise zoo.CheckpointError(f"{cfg.ckpt_path} holds no tokenizer; pass a checkpoint that zoo-train wrote")
     with warnings.catch_warnings(record=True) as caught:
