@@ -123,6 +123,14 @@ def test_refuses_a_training_a_bfloat16_an_adapted_or_an_already_quantized_model(
         zoo.quantize(twice, "int8")
 
 
+def test_compiled_decoding_of_cpu_int8_weights_is_refused():
+    """torch.ao's packed weights break the compiled graph at every Linear (slower than eager)."""
+    model = zoo.quantize(_model(FORMS["decoder"]), "int8")
+    with pytest.raises(zoo.ConfigError, match=r"compile=True cannot help this model: its int8 weights"):
+        model.generate([[5, 6]], 3, compile=True)
+    assert zoo.quantize(_model(FORMS["decoder"]), "bf16").compile_blocker is None
+
+
 def test_kv_cache_int8_sets_the_models_kv_dtype_and_none_changes_nothing():
     model = _model(FORMS["decoder"])
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -153,9 +161,11 @@ def test_bench_script_tiny(tmp_path, trained):
                 "2", "--new-tokens", "3", "--rounds", "1", "--quality-tokens", "3", "--eval-ids", str(ids),
                 "--json", str(out)])
     saved = json.loads(out.read_text())
-    assert {(r["batch"], r["name"]) for r in saved["speed"]} == {
-        (b, f"zoo {p}") for b in (1, 2) for p in ("fp32", "bf16", "int8")}
+    names = [f"{p}{kv}" for p in ("fp32", "bf16", "int8") for kv in ("", " kv int8")]
+    assert {(r["batch"], r["name"]) for r in saved["speed"]} == {(b, f"zoo {n}") for b in (1, 2) for n in names}
     assert "CUDA" in saved["skipped"]["int4"]  # this CPU build refuses int4, and the bench says why
+    sizes = saved["kv_cache_bytes"]  # head_dim 16: int8 takes 16 + 4 bytes per head and position
+    assert sizes["fp32 kv int8"] / sizes["fp32"] == 20 / 64 and sizes["bf16 kv int8"] / sizes["bf16"] == 20 / 32
     assert saved["quality"]["fp32"]["logits_max_abs_diff"] == 0 and saved["quality"]["int8"]["perplexity"] > 1
     model, prompts = trained  # the perplexity hook on its own: a trained model finds its pattern likely
     fp32, int8 = bench.perplexity(model, [prompts]), bench.perplexity(zoo.quantize(copy.deepcopy(model)), [prompts])

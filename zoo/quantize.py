@@ -146,6 +146,10 @@ def _cpu_dynamic_int8(model: nn.Module) -> None:
                               f"torch {torch.__version__} has none here: use weights='bf16'")
         _untie_head(model)
         quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    # its packed weights are script objects torch.compile cannot trace: a graph break at every Linear,
+    # measured slower than eager decoding, so generate(compile=True) refuses rather than slow down
+    model.compile_blocker = ("its int8 weights (torch.ao dynamic quantization, the CPU's int8 path) break "
+                             "torch.compile's graph at every Linear, which decodes slower than eager")
 
 
 def _torchao(model: nn.Module, weights: str) -> None:

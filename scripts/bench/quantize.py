@@ -9,7 +9,7 @@ prompts and the fraction of greedy tokens that agree (on random weights the logi
 so agreement there is a lower bound; a trained checkpoint is the real test: ``--pretrained`` and
 ``--eval-ids`` report its perplexity per precision).
 
-    python scripts/bench/quantize.py                              # 6 layers, d_model 384, vocab 50257
+    python scripts/bench/quantize.py                              # 6 layers, d_model 384, vocab 8192
     python scripts/bench/quantize.py --batches 1 --rounds 7 --threads 1
     python scripts/bench/quantize.py --pretrained out/model --eval-ids test_ids.pt --no-hf
 """
@@ -40,9 +40,18 @@ HERE = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
-def quantized(model: zoo.ZooModel, precision: str) -> zoo.ZooModel:
-    """A copy of float32 ``model`` in ``precision`` (``fp32``: the copy unchanged)."""
-    return zoo.quantize(copy.deepcopy(model).eval(), None if precision == "fp32" else precision)
+def quantized(model: zoo.ZooModel, precision: str, kv_cache: str | None = None) -> zoo.ZooModel:
+    """A copy of float32 ``model`` in ``precision`` (``fp32``: the copy unchanged), its KV cache in
+    ``kv_cache`` (None: the weights' dtype)."""
+    return zoo.quantize(copy.deepcopy(model).eval(), None if precision == "fp32" else precision, kv_cache=kv_cache)
+
+
+@torch.inference_mode()
+def cache_bytes(model: zoo.ZooModel, length: int, batch: int = 1) -> int:
+    """Bytes of the KV cache ``generate`` builds for ``batch`` sequences of ``length`` positions."""
+    cache = model.new_cache(length)
+    model.features(torch.randint(5, model.config.vocab_size, (batch, length)), cache=cache)
+    return cache.nbytes()
 
 
 @torch.inference_mode()
@@ -100,13 +109,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                                 vocab_size=args.vocab, eos_token_id=None, pad_token_id=0, seed=0).eval()
     models, skipped = {}, {}
     for precision in args.precisions:
-        try:
-            models[precision] = quantized(base, precision)
-        except zoo.ConfigError as refusal:  # e.g. int4 on a CPU: the row is skipped, the reason reported
-            skipped[precision] = str(refusal)
-            Console().print(f"  skipping {precision}: {refusal}")
+        for kv_cache in args.kv_cache:
+            name = precision if kv_cache == "none" else f"{precision} kv {kv_cache}"
+            try:
+                models[name] = quantized(base, precision, None if kv_cache == "none" else kv_cache)
+            except zoo.ConfigError as refusal:  # e.g. int4 on a CPU: the row is skipped, the reason reported
+                skipped[name] = str(refusal)
+                Console().print(f"  skipping {name}: {refusal}")
     vocab = base.config.vocab_size
-    out: dict[str, Any] = {"speed": [], "quality": {}, "skipped": skipped}
+    length = args.prompt + args.new_tokens
+    out: dict[str, Any] = {"speed": [], "quality": {}, "skipped": skipped,
+                           "kv_cache_bytes": {name: cache_bytes(m, length) for name, m in models.items()}}
     for batch in args.batches:
         prompt = torch.randint(5, vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(batch))
         n = args.new_tokens
@@ -140,11 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precisions", nargs="*", default=list(PRECISIONS), choices=PRECISIONS,
                         help="zoo weight precisions; one that zoo.quantize refuses here is skipped and reported")
+    parser.add_argument("--kv-cache", nargs="*", default=["none", "int8"], choices=("none", "int8"),
+                        help="KV-cache precisions, each with every weight precision (none: the weights' dtype)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--d-model", type=int, default=384)
     parser.add_argument("--heads", type=int, default=6)
-    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size")
@@ -184,6 +199,9 @@ def print_summary(out: dict[str, Any]) -> None:
         table.add_row(str(row["batch"]), row["name"], f"{row['tokens_per_s']:,.1f} ({row['spread'][0]:,.1f}.."
                       f"{row['spread'][1]:,.1f})", ratio(row["vs_zoo_fp32"]), ratio(row["vs_hf_fp32"]))
     Console().print(table)
+    length = out["config"]["prompt"] + out["config"]["new_tokens"]
+    Console().print(f"KV cache of one sequence of {length} positions: " + ", ".join(
+        f"{name} {size / 2**10:,.0f} KiB" for name, size in out["kv_cache_bytes"].items()))
     for precision, q in out["quality"].items():
         Console().print(f"  {precision}: " + ", ".join(f"{k} {v:.4g}" for k, v in q.items()))
 
