@@ -62,6 +62,21 @@ def test_device_bench_tiny_on_the_cpu():
     assert row["mfu"] is None and row["peak_memory_gib"] is None  # no peak FLOP/s known for a CPU
 
 
+def test_flex_bench_tiny_on_the_cpu(tmp_path):
+    """The dry run of scripts/gpu_check.sh's flex step: every length and run, flex on FlexMods (the mods path
+    that the GPU times), auto and sdpa on dense masks (auto picks flex on CUDA only)."""
+    flex = _script("flex")
+    out = tmp_path / "flex.json"
+    rows = flex.flex_main(["--device", "cpu", "--tokens", "32", "--lengths", "8", "16", "--steps", "1",
+                           "--d-model", "64", "--n-layers", "1", "--json", str(out)])
+    assert json.loads(out.read_text()) == rows
+    assert [(r["length"], r["position"], r["attention"]) for r in rows] == [
+        (length, *run) for length in (8, 16) for run in flex.RUNS]
+    assert all(r["flex_mods"] == (r["attention"] == "flex") for r in rows)
+    assert all(r["tokens_per_s"] > 0 and not r["train"] for r in rows)
+    assert [r["vs_rope"] for r in rows if r["position"] == "rope"] == [1.0, 1.0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["lora", "memory"])
 def test_memory_scripts_run_tiny_from_a_checkout(name, tmp_path):

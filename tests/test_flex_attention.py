@@ -1,9 +1,13 @@
 """attention='flex' (torch.nn.attention.flex_attention) computes what the ``math`` reference does for
-every position encoding and mask, with padding: masks reach it as block masks and ALiBi / T5 biases
-as a score_mod. On the CPU torch runs flex_attention's forward only (eagerly; no backward), so these
-tests compare forwards; the CUDA training path is measured by scripts/bench/flex.py."""
+every position encoding and mask, with padding: in a full forward masks reach it as one block mask
+built from ``Mask.mask_mod`` and ALiBi / T5 biases as ``Position.score_mod``, computed from positions
+inside the kernel (no (T, T) tensor); with a KV cache the dense mask is converted. On the CPU torch
+runs flex_attention's forward only (eagerly; no backward), so these tests compare forwards; the CUDA
+training path (and attention='auto' choosing it) is measured by scripts/bench/flex.py."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -11,6 +15,10 @@ from conftest import tiny_config, tiny_model
 from torch import Tensor
 
 import zoo
+import zoo.attention
+from zoo.attention import AttentionInputs, flex_applies
+from zoo.mask import Mask
+from zoo.position import Position
 
 POSITIONS = zoo.list_components()["position"]
 B, T = 2, 9
@@ -20,6 +28,7 @@ CASES = [
     ("decoder", "prefix", {}),
     ("decoder", "sliding_window", {"window": 3}),
     ("decoder", "document", {}),
+    ("decoder", "document", {"window": 3}),
     ("encoder", "bidirectional", {}),
     ("encoder", "sliding_window", {"window": 3}),
     ("encoder_decoder", None, {}),
@@ -64,6 +73,100 @@ def test_flex_forward_equals_math(arch, mask, extra, position):
         expected = math(**inputs)
         got = flex(**inputs)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def _self_attention_inputs(model: zoo.ZooModel) -> list[AttentionInputs]:
+    """Records what every self-attention layer of ``model`` receives."""
+    seen: list[AttentionInputs] = []
+    for block in (m for m in model.modules() if isinstance(m, zoo.attention.SelfAttention)):
+        block.register_forward_pre_hook(lambda _m, args: seen.append(args[1]))
+    return seen
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5_relative"])
+@pytest.mark.parametrize(("arch", "mask", "extra"), CASES, ids=[f"{a}-{m}" for a, m, _ in CASES])
+def test_a_full_forward_makes_no_dense_mask_or_bias(arch, mask, extra, position, monkeypatch):
+    """The mods path never calls the dense builders (Position.bias, Mask.allowed, within_documents): every
+    layer gets FlexMods and no (T, T) tensor; one block mask serves all layers of a stack."""
+    overrides = dict(arch=arch, position=position, **extra)
+    if mask is not None:
+        overrides["mask"] = mask
+    flex = tiny_model(attention="flex", **overrides)
+    seen = _self_attention_inputs(flex)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dense (T, T) mask or bias was built")
+
+    for cls in (*Position.__subclasses__(), Position):
+        monkeypatch.setattr(cls, "bias", refuse)
+    for cls in {Mask, *(type(s.mask) for s in flex.modules() if isinstance(s, zoo.blocks.Stack))}:
+        monkeypatch.setattr(cls, "allowed", refuse)
+        monkeypatch.setattr(cls, "within_documents", refuse)
+    with torch.no_grad():
+        flex(**_inputs(arch, mask))
+    assert seen and all(i.mask is None and not i.is_causal and i.flex is not None for i in seen)
+    assert all(i.flex.score_mod is not None for i in seen)  # the bias, computed in the kernel
+    per_stack = {id(i.flex) for i in seen}
+    assert len(per_stack) == (2 if arch == "encoder_decoder" else 1)  # made once per stack forward
+    assert all(i.flex.block_mask is not None and i.flex.block_mask.mask_mod is not None for i in seen)  # padding
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("mask", [dict(mask="causal"), dict(mask="prefix"), dict(mask="sliding_window", window=3)])
+def test_flex_decodes_with_a_kv_cache_as_math_does(position, mask):
+    """With a cache the stack still builds the dense mask, which the flex kernel converts."""
+    flex, math = _pair(position=position, **mask)
+    prompts = [[5, 17, 3, 40, 22, 9, 31], [8, 2, 60]]
+    kw = {"max_new_tokens": 6, "eos_token_id": None}  # a prefix LM's prefix is the prompt
+    assert torch.equal(flex.generate(prompts, **kw), math.generate(prompts, **kw))
+
+
+def test_prefix_len_as_an_int_and_per_row_give_math():
+    flex, math = _pair(mask="prefix", position="alibi")
+    ids = torch.randint(1, 61, (B, T))
+    with torch.no_grad():
+        for prefix_len in (4, torch.tensor([2, 7])):
+            torch.testing.assert_close(flex(ids, prefix_len=prefix_len), math(ids, prefix_len=prefix_len),
+                                       atol=1e-5, rtol=1e-5)
+
+
+def test_flex_applies_only_on_cuda_to_a_full_forward_sdpa_cannot_fuse_without_dropout():
+    for device, cached, dense, dropout_p in itertools.product(("cuda", "cpu", "mps"), (False, True), (False, True),
+                                                              (0.0, 0.1)):
+        expected = device == "cuda" and not cached and dense and dropout_p == 0.0
+        assert flex_applies(device, cached=cached, dense=dense, dropout_p=dropout_p) is expected
+
+
+def test_auto_is_sdpa_on_the_cpu_and_asks_for_mods_on_cuda():
+    auto, sdpa = tiny_model(attention="auto", position="alibi"), tiny_model(attention="sdpa", position="alibi")
+    ids = torch.randint(1, 61, (B, T))
+    with torch.no_grad():
+        assert torch.equal(auto(ids), sdpa(ids))  # the same kernel here
+    attn = auto.decoder.blocks[0].attn
+    assert attn.reads_flex_mods("cuda", cached=False, dense=True)
+    assert not attn.reads_flex_mods("cuda", cached=True, dense=True)  # decoding keeps sdpa
+    assert not attn.reads_flex_mods("cuda", cached=False, dense=False)  # RoPE + causal: sdpa's is_causal
+    assert not attn.reads_flex_mods("cpu", cached=False, dense=True)
+    attn.dropout = 0.1
+    assert attn.reads_flex_mods("cuda", cached=False, dense=True)  # eval: no dropout
+    assert not attn.train().reads_flex_mods("cuda", cached=False, dense=True)
+    assert not tiny_model(attention="sdpa").decoder.blocks[0].attn.reads_flex_mods("cuda", cached=False, dense=True)
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5_relative", "rope"])
+@pytest.mark.parametrize(("arch", "mask", "extra"), CASES, ids=[f"{a}-{m}" for a, m, _ in CASES])
+def test_auto_where_flex_applies_equals_math(arch, mask, extra, position, monkeypatch):
+    """attention='auto' as it runs on CUDA (the device check lifted): FlexMods where they apply, else sdpa."""
+    monkeypatch.setattr(zoo.attention.auto_attention, "flex_mods",
+                        lambda _device, **kw: flex_applies("cuda", **kw))
+    overrides = dict(arch=arch, position=position, **extra)
+    if mask is not None:
+        overrides["mask"] = mask
+    auto, math = tiny_model(attention="auto", **overrides), tiny_model(attention="math", **overrides)
+    seen = _self_attention_inputs(auto)
+    with torch.no_grad():
+        torch.testing.assert_close(auto(**_inputs(arch, mask)), math(**_inputs(arch, mask)), atol=1e-5, rtol=1e-5)
+    assert all(i.flex is not None for i in seen)  # padding everywhere: sdpa would need a (T, T) tensor
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi"])

@@ -53,7 +53,7 @@ def test_list_components_names_every_family():
     assert components["mask"] == ["bidirectional", "causal", "document", "prefix", "sliding_window"]
     assert components["arch"] == ["decoder", "encoder", "encoder_decoder"]
     assert {"pre", "post"} <= set(components["norm_placement"])
-    assert components["attention"] == ["flex", "math", "sdpa"]
+    assert components["attention"] == ["auto", "flex", "math", "sdpa"]
 
 
 def test_duplicate_names_are_errors():

@@ -10,11 +10,16 @@ Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswan
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU). Position
   biases (ALiBi, T5) and masks go in as its ``attn_mask``, so every position type runs on it.
-- ``flex``: ``torch.nn.attention.flex_attention`` (PyTorch 2.5+), for what SDPA cannot fuse. The
-  stack's mask becomes a block mask (``create_block_mask``: blocks no query may see are skipped) and
-  a float bias becomes a ``score_mod`` that reads it. On CUDA the call is compiled into one fused
-  kernel; on the CPU it runs eagerly (torch supports its forward only there: no backward, no
-  dropout).
+- ``flex``: ``torch.nn.attention.flex_attention`` (PyTorch 2.5+), for what SDPA cannot fuse. In a
+  full forward (no KV cache) the stack hands it :class:`FlexMods`: the position's ``score_mod``
+  (ALiBi, T5) and the mask's ``mask_mod`` (with padding and documents) as one block mask, made once
+  per forward; both are computed inside the kernel from positions, so no (Tq, Tk) mask or bias
+  exists and memory grows as O(T). With a KV cache the stack's dense mask becomes a block mask and a
+  float bias a ``score_mod`` that reads it. On CUDA the call is compiled into one fused kernel; on
+  the CPU it runs eagerly (torch supports its forward only there: no backward, no dropout).
+- ``auto``: ``sdpa``, except where :func:`flex_applies`: on CUDA, a full forward whose mask or bias
+  sdpa would need as a (Tq, Tk) tensor, with no attention dropout; that forward runs ``flex`` on
+  :class:`FlexMods`.
 - ``math``: the explicit reference. Its probabilities pass through ``Attention.probe`` (an
   identity module), where forward hooks can read them; see ``zoo.capture_attention``.
 """
@@ -26,6 +31,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +39,19 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.kv_cache import KVCache, round_trip
-from zoo.position import apply_rotary
+from zoo.position import ScoreMod, apply_rotary
 from zoo.registry import ATTENTION, ConfigError
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+
+@dataclass
+class FlexMods:
+    """A full forward's mask and bias as flex_attention computes them from positions inside the kernel."""
+
+    score_mod: ScoreMod | None = None  # the position's bias (Position.score_mod); None: none
+    block_mask: BlockMask | None = None  # mask, padding and documents (Mask.mask_mod); None: every key
 
 
 @dataclass
@@ -44,6 +61,7 @@ class AttentionInputs:
     mask: Tensor | None = None  # bool (True = attend) or float (added to scores), broadcast to (B, H, Tq, Tk)
     is_causal: bool = False  # plain causal mask over Tq == Tk positions, left to the kernel
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) for q and k
+    flex: FlexMods | None = None  # set instead of mask / is_causal for layers that read them (reads_flex_mods)
 
     def for_last_keys(self, n_keys: int) -> AttentionInputs:
         """These inputs over the last ``n_keys`` keys only: the mask's columns are the positions
@@ -103,21 +121,42 @@ def _compiled_flex() -> Callable[..., Tensor]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-@ATTENTION.register("flex")
-def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
-                          dropout_p: float, probe: nn.Module) -> Tensor:
+def _run_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, block_mask: BlockMask | None, *,
+              scale: float, dropout_p: float) -> Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     if dropout_p:
         raise ValueError(f"attention='flex' has no attention dropout (got p={dropout_p}); set attn_dropout=0 "
                          "or use attention='sdpa'")
-    score_mod, block_mask = _flex_mods(mask, is_causal, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
     gqa = bool(k.shape[1] != q.shape[1])
     if q.is_cuda and not torch.compiler.is_compiling():
         return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     with warnings.catch_warnings():  # the CPU runs the unfused reference on purpose (torch has no CPU kernel)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+@ATTENTION.register("flex")
+def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
+                          dropout_p: float, probe: nn.Module) -> Tensor:
+    """The dense inputs of a cached forward, converted (a full forward comes as FlexMods instead)."""
+    score_mod, block_mask = _flex_mods(mask, is_causal, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
+    return _run_flex(q, k, v, score_mod, block_mask, scale=scale, dropout_p=dropout_p)
+
+
+def flex_applies(device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
+    """Whether attention='auto' runs a forward on flex_attention with FlexMods instead of sdpa: on CUDA
+    (where flex is one compiled kernel), a full forward (no KV cache: a decoding step's rows are short),
+    where sdpa would need a (Tq, Tk) mask or bias tensor (``dense``: a position bias, padding,
+    documents, or a mask that is neither none nor is_causal) and no attention dropout (flex has none)."""
+    return device_type == "cuda" and not cached and dense and not dropout_p
+
+
+def _flex_always(device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
+    return not cached  # attention=flex: FlexMods whenever there is no cache (dropout is refused in the kernel)
+
+
+flex_attention_kernel.flex_mods = _flex_always  # Attention.reads_flex_mods asks the kernel
 
 
 def _flex_check(cfg: ModelConfig) -> None:
@@ -130,6 +169,16 @@ def _flex_check(cfg: ModelConfig) -> None:
 
 
 flex_attention_kernel.check = _flex_check  # ModelConfig.validate asks each chosen component
+
+
+@ATTENTION.register("auto")
+def auto_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
+                   dropout_p: float, probe: nn.Module) -> Tensor:
+    """``sdpa`` for the forwards that :func:`flex_applies` leaves to it; the others come as FlexMods."""
+    return sdpa_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p, probe=probe)
+
+
+auto_attention.flex_mods = flex_applies
 
 
 @ATTENTION.register("math")
@@ -194,6 +243,12 @@ class Attention(nn.Module):
                    dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
                    scale=cfg.attn_scale, kernel=cfg.attention)
 
+    def reads_flex_mods(self, device_type: str, *, cached: bool, dense: bool) -> bool:
+        """Whether this forward's kernel takes FlexMods (see :func:`flex_applies`) rather than a dense mask."""
+        rule = getattr(self._kernel_fn, "flex_mods", None)
+        dropout_p = self.dropout if self.training else 0.0
+        return rule is not None and rule(device_type, cached=cached, dense=dense, dropout_p=dropout_p)
+
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hd)
@@ -201,12 +256,17 @@ class Attention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs) -> Tensor:
         """q: (B, H, Tq, hd); k, v: (B, KV, Tk, hd). Returns the projected output (B, Tq, D)."""
         B, _, T, _ = q.shape
+        dropout_p = self.dropout if self.training else 0.0
+        if inputs.flex is not None:  # the stack asked reads_flex_mods: only flex-capable kernels get here
+            y = _run_flex(q, k, v, inputs.flex.score_mod, inputs.flex.block_mask, scale=self.scale,
+                          dropout_p=dropout_p)  # (B, H, Tq, hd)
+            return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         mask = inputs.mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
         y = self._kernel_fn(
             q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0, probe=self.probe)  # (B, H, Tq, hd)
+            dropout_p=dropout_p, probe=self.probe)  # (B, H, Tq, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.attention import AttentionInputs, CrossAttention, SelfAttention
+from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttention
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache
-from zoo.mask import document_positions
+from zoo.mask import MaskMod, document_positions
 from zoo.norm import build_norm
 from zoo.position import Position
 from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
@@ -124,7 +124,7 @@ class Stack(nn.Module):
         x = self.drop(x)
 
         inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len, document_ids,
-                                             keys=end if static else None)
+                                             keys=end if static else None, cached=cache is not None, batch=B)
         inputs.rotary = self.position.rotary(position_ids)
         memory_inputs = None
         if self.blocks and self.blocks[0].cross_attn is not None:
@@ -146,15 +146,20 @@ class Stack(nn.Module):
 
     def _self_attention_inputs(self, past: int | Tensor, q_pos: Tensor, padding_mask: Tensor | None,
                                prefix_len: int | Tensor | None, document_ids: Tensor | None = None, *,
-                               keys: int | None = None) -> AttentionInputs:
+                               keys: int | None = None, cached: bool = False, batch: int = 1) -> AttentionInputs:
         """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
-        form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf.
+        form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf;
+        or, where every layer's kernel reads them (``Attention.reads_flex_mods``), FlexMods.
         ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``).
         ``keys``: a static cache's capacity; its slots after a query are masked by the decoder mask's
         causal part, so the mask is always built (and ``past`` may be a 0-d tensor)."""
         T = q_pos.shape[0]
         keep = _padding(padding_mask)  # (B, P+T) or (B, keys), or None
         plain = keep is None and document_ids is None and keys is None
+        dense = not (plain and not self.position.has_bias and (self.mask.kernel_causal or self.mask.bidirectional))
+        if self.blocks and all(block.attn.reads_flex_mods(q_pos.device.type, cached=cached, dense=dense)
+                               for block in self.blocks):
+            return self._flex_inputs(q_pos, keep, prefix_len, document_ids, batch=batch)
         if plain and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:
                 return AttentionInputs()  # one new query may see every key so far
@@ -175,6 +180,39 @@ class Stack(nn.Module):
         if bias is None:
             return AttentionInputs(mask=allowed)
         return AttentionInputs(mask=bias.masked_fill(~allowed, float("-inf")))
+
+    def _flex_inputs(self, q_pos: Tensor, keep: Tensor | None, prefix_len: int | Tensor | None,
+                     document_ids: Tensor | None, *, batch: int) -> AttentionInputs:
+        """What ``_self_attention_inputs`` builds, as FlexMods for a full forward (no cache: queries and
+        keys are positions 0..T-1, so q_idx and kv_idx are positions). The block mask is made here,
+        once per forward, for every layer. On CUDA ``create_block_mask`` is compiled (torch's advice for
+        long sequences: the mask_mod is evaluated block by block); on the CPU it runs eagerly."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        T, device = q_pos.shape[0], q_pos.device
+        mask_mod = self.mask.mask_mod(prefix_len)
+        if document_ids is not None:
+            mask_mod = self.mask.documents_mod(mask_mod, document_ids)
+        if keep is not None:
+            mask_mod = _with_padding(mask_mod, keep)
+        block_mask = None
+        if mask_mod is not None:
+            per_row = keep is not None or document_ids is not None or (
+                isinstance(prefix_len, Tensor) and prefix_len.dim() == 1)
+            block_mask = create_block_mask(mask_mod, batch if per_row else None, None, T, T, device=device,
+                                           _compile=device.type == "cuda")
+        return AttentionInputs(flex=FlexMods(self.position.score_mod(device), block_mask))
+
+
+def _with_padding(mask_mod: MaskMod | None, keep: Tensor) -> MaskMod:
+    """``mask_mod`` and the (B, T) keep-mask, as the dense path combines them: a padded query keeps
+    its own key, so no row is empty (its output is never used)."""
+
+    def padded(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        seen = keep[b, kv_idx] if mask_mod is None else mask_mod(b, h, q_idx, kv_idx) & keep[b, kv_idx]
+        return seen | (kv_idx == q_idx)
+
+    return padded
 
 
 def _padding(mask: Tensor | None) -> Tensor | None:

@@ -16,10 +16,15 @@
   a query sees only the keys of its own document that are also within the window, so a packed
   row's logits equal each document's run alone with ``sliding_window``, and the KV cache keeps
   ``window - 1`` positions as that mask's does.
+
+Each mask says which keys a query sees twice: ``allowed`` builds the boolean (Tq, Tk) tensor that
+sdpa and math read, and ``mask_mod`` the same rule as flex_attention's mask_mod
+(b, h, q_idx, kv_idx) -> bool, computed inside the kernel from positions (no (Tq, Tk) tensor).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -27,6 +32,8 @@ from torch import Tensor
 
 from zoo.config import ModelConfig
 from zoo.registry import MASK, ConfigError
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool, True = attend
 
 
 class Mask:
@@ -62,11 +69,28 @@ class Mask:
         """A boolean (Tq, Tk) or (B, 1, Tq, Tk) tensor, True where attention is allowed; None: all."""
         return None
 
+    def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod | None:
+        """``allowed`` as flex_attention's mask_mod: q_idx and kv_idx are absolute positions (a full
+        forward: no KV cache), b indexes ``prefix_len`` when it is a (B,) tensor. None: all."""
+        return None
+
     def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
         """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed to keys of each query's own document;
         only a mask with ``documents`` set reads ``document_ids``."""
-        raise ValueError(f"document_ids were given, but mask {type(self).__name__} would attend across documents; "
-                         "build the model with mask='document'")
+        raise _across_documents(self)
+
+    def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
+        """``within_documents`` for a ``mask_mod``: it also asks that both positions lie in one document."""
+        raise _across_documents(self)
+
+
+def _across_documents(mask: Mask) -> ValueError:
+    return ValueError(f"document_ids were given, but mask {type(mask).__name__} would attend across documents; "
+                      "build the model with mask='document'")
+
+
+def _causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    return kv_idx <= q_idx
 
 
 @MASK.register("bidirectional")
@@ -81,6 +105,9 @@ class Causal(Mask):
 
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
         return k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
+
+    def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
+        return _causal
 
 
 @MASK.register("prefix")
@@ -97,6 +124,23 @@ class Prefix(Mask):
             in_prefix = k_pos[None, :] < prefix_len[:, None]  # (B, Tk)
             return causal[None, None] | in_prefix[:, None, None, :]  # (B, 1, Tq, Tk)
         return causal | (k_pos < prefix_len)[None, :]
+
+    def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
+        if prefix_len is None:
+            raise ValueError("mask='prefix' needs prefix_len (an int, or a (B,) tensor) in forward")
+        if isinstance(prefix_len, Tensor) and prefix_len.dim() == 1:
+            per_row = prefix_len
+
+            def prefix_rows(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                return (kv_idx <= q_idx) | (kv_idx < per_row[b])
+
+            return prefix_rows
+        shared = prefix_len
+
+        def prefix(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return (kv_idx <= q_idx) | (kv_idx < shared)
+
+        return prefix
 
 
 @MASK.register("sliding_window")
@@ -124,6 +168,14 @@ class SlidingWindow(Mask):
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
         return (q_pos[:, None] - k_pos[None, :]).abs() < self.window  # (Tq, Tk)
 
+    def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
+        window = self.window
+
+        def band(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return (q_idx - kv_idx).abs() < window
+
+        return band
+
 
 class CausalSlidingWindow(SlidingWindow):
     """A decoder's window: the query itself and the ``window - 1`` keys before it, i - window < j <= i."""
@@ -133,6 +185,15 @@ class CausalSlidingWindow(SlidingWindow):
     def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
         behind = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk): how far each key lies before its query
         return (behind >= 0) & (behind < self.window)
+
+    def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
+        window = self.window
+
+        def causal_band(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            behind = q_idx - kv_idx
+            return (behind >= 0) & (behind < window)
+
+        return causal_band
 
 
 @MASK.register("document")
@@ -159,6 +220,9 @@ class Document(Causal):
     def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
         return _same_document(allowed, document_ids)
 
+    def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
+        return _same_document_mod(mask_mod, document_ids)
+
 
 class DocumentWindow(CausalSlidingWindow):
     """:class:`Document` with a window: query i sees key j when i - window < j <= i and both lie in
@@ -172,11 +236,24 @@ class DocumentWindow(CausalSlidingWindow):
     def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
         return _same_document(allowed, document_ids)
 
+    def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
+        return _same_document_mod(mask_mod, document_ids)
+
 
 def _same_document(allowed: Tensor | None, document_ids: Tensor) -> Tensor:
     """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed to the keys of each query's own document."""
     same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
     return same[:, None] if allowed is None else allowed & same[:, None]  # (B, 1, T, T)
+
+
+def _same_document_mod(mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
+    """``mask_mod`` narrowed to keys of each query's own document (``document_ids``: (B, T))."""
+
+    def same_document(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        same = document_ids[b, q_idx] == document_ids[b, kv_idx]
+        return same if mask_mod is None else same & mask_mod(b, h, q_idx, kv_idx)
+
+    return same_document
 
 
 def document_positions(document_ids: Tensor) -> Tensor:

@@ -4,7 +4,9 @@ A position encoding acts at one of three places, so the base class has three hoo
 
 - ``embed(position_ids)``: a vector added to the token embeddings (``sinusoidal``, ``learned``);
 - ``rotary(position_ids)``: (cos, sin) that rotate q and k in every layer (``rope``);
-- ``bias(q_pos, k_pos)``: an additive attention bias shared by all layers (``alibi``, ``t5_relative``).
+- ``bias(q_pos, k_pos)``: an additive attention bias shared by all layers (``alibi``, ``t5_relative``);
+  ``score_mod(device)`` is the same bias as flex_attention's score_mod, computed inside the kernel
+  from the positions of each query and key, so no (H, Tq, Tk) tensor is ever made.
 
 Shapes: B batch, T positions, H heads, Tq/Tk query/key lengths, D model width, hd head width.
 Positions are absolute indices; with a KV cache they start at the cache length, so decoding one
@@ -14,12 +16,15 @@ token at a time sees the same encodings as a full forward pass.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.registry import POSITION, ConfigError
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
 
 
 class Position(nn.Module):
@@ -50,6 +55,11 @@ class Position(nn.Module):
         return None
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+    def score_mod(self, device: torch.device) -> ScoreMod | None:
+        """``bias`` as flex_attention's score_mod (score, b, h, q_idx, kv_idx) -> score, where q_idx and
+        kv_idx are absolute positions (a full forward: no KV cache). None where ``bias`` is."""
         return None
 
 
@@ -184,17 +194,26 @@ class ALiBi(Position):
         slopes = alibi_slopes(self.n_heads).to(distance.device)
         return -slopes[:, None, None] * distance  # (H, Tq, Tk)
 
+    def score_mod(self, device: torch.device) -> ScoreMod:
+        slopes = alibi_slopes(self.n_heads).to(device)  # (H,)
+
+        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * (q_idx - kv_idx).abs()
+
+        return alibi
+
 
 def t5_relative_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
     """Raffel et al. 2020: map key - query offsets to buckets; exact for small distances,
     logarithmic up to ``max_distance``, one shared bucket beyond. Bidirectional buckets spend half
-    the buckets on keys after the query; causal ones only see keys at or before it."""
-    buckets = torch.zeros_like(relative)
+    the buckets on keys after the query; causal ones only see keys at or before it. Elementwise and
+    without in-place ops, so it also maps one (q_idx, kv_idx) pair inside a flex_attention score_mod."""
     if bidirectional:
         num_buckets //= 2
-        buckets += (relative > 0).long() * num_buckets
+        buckets = (relative > 0).long() * num_buckets
         distance = relative.abs()
     else:
+        buckets = torch.zeros_like(relative, dtype=torch.long)
         distance = (-relative).clamp(min=0)
     max_exact = num_buckets // 2
     log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
@@ -232,6 +251,15 @@ class T5Relative(Position):
         buckets = t5_relative_bucket(relative, bidirectional=self.bidirectional,
                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
         return self.table(buckets).permute(2, 0, 1)  # (H, Tq, Tk)
+
+    def score_mod(self, device: torch.device) -> ScoreMod:
+        table = self.table.weight  # (buckets, H), read inside the kernel (its gradient flows on CUDA)
+        buckets = dict(bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance)
+
+        def t5_relative(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[t5_relative_bucket(kv_idx - q_idx, **buckets), h].to(score.dtype)
+
+        return t5_relative
 
 
 def position_limit(cfg: ModelConfig) -> int | None:
