@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 import zoo
+from zoo.quantize import Int8Linear
 
 FORMS = {"decoder": {}, "encoder_decoder": {}, "decoder_untied": {"tie_embeddings": False},
          "llama_like": {"position": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_heads": 2}}
@@ -109,11 +110,9 @@ def test_refusals_name_the_field(kwargs, words):
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
-def test_refuses_a_training_a_bfloat16_an_adapted_or_an_already_quantized_model():
+def test_refuses_a_training_an_adapted_or_an_already_quantized_model():
     with pytest.raises(zoo.ConfigError, match=r"weights='int8'.*training mode.*model\.eval\(\)"):
         zoo.quantize(_model(FORMS["decoder"]).train(), "int8")
-    with pytest.raises(zoo.ConfigError, match=r"weights='int8'.*float32.*bfloat16"):
-        zoo.quantize(_model(FORMS["decoder"]).to(torch.bfloat16), "int8")
     adapted = _model(FORMS["decoder"])
     zoo.adapters.apply(adapted, "lora", rank=2, targets=("q", "v"))
     with pytest.raises(zoo.ConfigError, match=r"adapters\.merge"):
@@ -123,12 +122,34 @@ def test_refuses_a_training_a_bfloat16_an_adapted_or_an_already_quantized_model(
         zoo.quantize(twice, "int8")
 
 
-def test_compiled_decoding_of_cpu_int8_weights_is_refused():
-    """torch.ao's packed weights break the compiled graph at every Linear (slower than eager)."""
-    model = zoo.quantize(_model(FORMS["decoder"]), "int8")
-    with pytest.raises(zoo.ConfigError, match=r"compile=True cannot help this model: its int8 weights"):
-        model.generate([[5, 6]], 3, compile=True)
-    assert zoo.quantize(_model(FORMS["decoder"]), "bf16").compile_blocker is None
+def test_int8_weights_decode_compiled_as_they_do_eagerly(trained):
+    """Int8Linear is plain tensors and an aten kernel: it traces under torch.compile (for real here)."""
+    model, prompts = trained
+    quantized = zoo.quantize(copy.deepcopy(model), "int8")
+    assert torch.equal(quantized.generate(prompts, 12, eos_token_id=None, compile=True),
+                       quantized.generate(prompts, 12, eos_token_id=None))
+
+
+@pytest.mark.parametrize("in_features", [48, 40])  # the kernel's widths (multiples of 16), and another
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_computes_the_rounded_weights(in_features, dtype):
+    linear = torch.nn.Linear(in_features, 24).to(dtype)
+    int8 = Int8Linear.from_linear(linear)
+    assert int8.packed == (in_features % 16 == 0) and int8.weight.dtype == torch.int8
+    x = torch.randn(3, 5, in_features, dtype=dtype)
+    rounded = (int8.weight.float() * int8.scale.float()[:, None])  # what the layer holds
+    # half a step of the row's absmax / 127, and the scale's own bfloat16 rounding (up to 2^-8 relative)
+    assert (rounded - linear.weight.float()).abs().max() <= linear.weight.float().abs().max() * (1 / 254 + 1 / 256)
+    expected = torch.nn.functional.linear(x.float(), rounded, linear.bias.float())
+    with torch.no_grad():
+        out = int8(x)
+    assert out.dtype == dtype and out.shape == (3, 5, 24)
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.02)  # bf16 activations in the kernel
+
+
+def test_int8_of_a_bfloat16_model_generates():
+    model = zoo.quantize(_model(FORMS["llama_like"]).to(torch.bfloat16), "int8")
+    assert model.generate([[5, 6, 7]], 4, eos_token_id=None).shape == (1, 7)
 
 
 def test_kv_cache_int8_sets_the_models_kv_dtype_and_none_changes_nothing():
@@ -159,7 +180,7 @@ def test_bench_script_tiny(tmp_path, trained):
     out = tmp_path / "q.json"
     bench.main(["--no-hf", "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "128", "--batches", "1",
                 "2", "--new-tokens", "3", "--rounds", "1", "--quality-tokens", "3", "--eval-ids", str(ids),
-                "--json", str(out)])
+                "--json", str(out), "--compiled"])  # no compiled rows: test_int8_weights_decode_compiled… compiles
     saved = json.loads(out.read_text())
     names = [f"{p}{kv}" for p in ("fp32", "bf16", "int8") for kv in ("", " kv int8")]
     assert {(r["batch"], r["name"]) for r in saved["speed"]} == {(b, f"zoo {n}") for b in (1, 2) for n in names}

@@ -156,8 +156,6 @@ class GenerationMixin:
         _check_counts(max_new_tokens, num_beams)
         if compile and not use_cache:
             raise ConfigError("compile=True decodes with a static KV cache; set use_cache=True (or compile=False)")
-        if compile and getattr(self, "compile_blocker", None):  # set by what changed the model (zoo.quantize)
-            raise ConfigError(f"compile=True cannot help this model: {self.compile_blocker}; use compile=False")
         check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                        no_repeat_ngram_size=no_repeat_ngram_size)
         repeats = RepeatControls(float(repetition_penalty), int(no_repeat_ngram_size))

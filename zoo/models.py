@@ -77,7 +77,6 @@ class ZooModel(GenerationMixin, nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.compile_blocker: str | None = None  # why generate(compile=True) cannot help (zoo.quantize says)
 
     @property
     def kv_dtype(self) -> str | None:

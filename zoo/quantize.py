@@ -5,20 +5,22 @@ bound by memory traffic: weights stored in fewer bytes decode faster. ``weights`
 
 - ``bf16``: the whole model cast to bfloat16 (``model.to(torch.bfloat16)``), on any device.
 - ``int8``: every ``nn.Linear`` (attention q/k/v/out, FFN, pooler, LM head) with int8 weights and one
-  scale per output row. On the CPU through ``torch.ao.quantization.quantize_dynamic`` (fbgemm/x86
-  kernels that also quantize each activation row to int8 on the fly); on CUDA through torchao's
-  ``Int8WeightOnlyConfig`` (activations stay in their float dtype).
+  scale per output row, weight-only. On the CPU an :class:`Int8Linear` over PyTorch's own int8
+  weight-only kernel (``torch._weight_int8pack_mm``, bfloat16 activations); on CUDA torchao's
+  ``Int8WeightOnlyConfig``.
 - ``int4``: CUDA only, torchao's ``Int4WeightOnlyConfig`` (groups of 128, the tinygemm kernel of
   core PyTorch, bfloat16 activations; the model is cast to bfloat16 first).
 
-Why two backends. torchao is the maintained home of PyTorch quantization and the one used on CUDA,
-but measured on a CPU (torch 2.13, torchao 0.18, 2 threads, batch-1 greedy decoding of a 6-layer
-d_model 384 GPT-2, float32 = 1.00x) none of its configs is faster than float32: int8 weight-only
-converts the int8 matrix back to the activation dtype on every call (0.23x; 0.26x with
-``generate(compile=True)``), int8 dynamic runs at 0.66x, int8 dynamic with int4 weights at 0.07x,
-and its int4 weight-only config has no CPU packing (``plain`` needs the CUDA-only mslk kernels). The
-deprecated but still shipped ``torch.ao`` dynamic int8 path ran at 2.1-2.4x, so the CPU uses it
-until torchao has an eager CPU kernel.
+Why not torchao on the CPU. torchao is the maintained home of PyTorch quantization and the one used
+on CUDA, but measured on a CPU (torch 2.13, torchao 0.18, 2 threads, batch-1 greedy decoding of a
+6-layer d_model 384 GPT-2, float32 = 1.00x) none of its configs is faster than float32: int8
+weight-only converts the int8 matrix back to the activation dtype on every call (0.23x), int8
+dynamic runs at 0.66x, int8 dynamic with int4 weights at 0.07x, and its int4 weight-only config has
+no CPU packing. ``torch.ao.quantization.quantize_dynamic`` (deprecated) ran at 2.1x but its packed
+weights break ``torch.compile``'s graph at every Linear. PyTorch's own int8 weight-only matmul
+(``torch._weight_int8pack_mm``), called directly, ran at 1.5x float32 and, being plain tensors and an
+aten op, composes with ``generate(compile=True)``: 3.6x HF's eager float32 ``generate`` at batch 1
+(scripts/bench/quantize.py).
 
 Embeddings stay in float: a lookup reads only the rows of the current tokens, so int8 would save
 memory but no time. A head tied to the embedding (GPT-2, T5) is the largest matrix a decoding step
@@ -26,18 +28,18 @@ multiplies by, so it gets a quantized *copy* of the embedding as its own ``lm_he
 table itself stays float); an encoder's masked-LM head stays tied and float.
 
 The model is changed in place and returned, in eval mode, with ``quantized_weights`` set to the
-precision. It is for inference: it does not train, and its ``state_dict`` holds packed weights, so
-keep the float checkpoint and quantize after loading. ``generate`` (greedy, sampling, beam; cached
+precision. It is for inference: it does not train, and its ``state_dict`` holds int8 (or packed)
+weights, so keep the float checkpoint and quantize after loading. ``generate`` (greedy, sampling, beam; cached
 or not) uses it unchanged.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from zoo.adapters import adapted_layers
 from zoo.kv_cache import KV_DTYPES
@@ -113,12 +115,12 @@ def _bf16(model: nn.Module) -> None:
 def _int8(model: nn.Module) -> None:
     device = _device(model)
     if device.type == "cpu":
-        _cpu_dynamic_int8(model)
+        _cpu_int8(model)
     elif device.type == "cuda":
         _torchao(model, "int8")
     else:
-        raise ConfigError(f"weights='int8' has no kernel on {device.type!r}; it runs on 'cpu' (torch.ao dynamic "
-                          "int8) and 'cuda' (torchao); weights='bf16' works on every device")
+        raise ConfigError(f"weights='int8' has no kernel on {device.type!r}; it runs on 'cpu' (PyTorch's int8 "
+                          "weight-only matmul) and 'cuda' (torchao); weights='bf16' works on every device")
 
 
 @WEIGHTS.register("int4")
@@ -131,25 +133,49 @@ def _int4(model: nn.Module) -> None:
     _torchao(model, "int4")
 
 
-def _cpu_dynamic_int8(model: nn.Module) -> None:
-    dtype = next(model.parameters()).dtype
-    if dtype != torch.float32:
-        raise ConfigError(f"weights='int8' on the CPU quantizes a float32 model and this one is {dtype}; "
-                          "load it in float32 (or use weights='bf16' alone)")
-    with warnings.catch_warnings():  # chosen knowingly: the module docstring says why not torchao here
-        warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated")
-        warnings.filterwarnings("ignore", message=r".*quantized tensor creation functions")
-        engines = set(torch.backends.quantized.supported_engines) - {"none"}
-        quantize_dynamic = getattr(getattr(torch.ao, "quantization", None), "quantize_dynamic", None)
-        if quantize_dynamic is None or not engines:
-            raise ConfigError(f"weights='int8' on the CPU needs torch.ao.quantization with a quantized engine; "
-                              f"torch {torch.__version__} has none here: use weights='bf16'")
-        _untie_head(model)
-        quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-    # its packed weights are script objects torch.compile cannot trace: a graph break at every Linear,
-    # measured slower than eager decoding, so generate(compile=True) refuses rather than slow down
-    model.compile_blocker = ("its int8 weights (torch.ao dynamic quantization, the CPU's int8 path) break "
-                             "torch.compile's graph at every Linear, which decodes slower than eager")
+class Int8Linear(nn.Module):
+    """A Linear with int8 weights and one scale per output row (symmetric absmax: w ~ q * scale), for
+    inference. Its matmul is PyTorch's own weight-only int8 kernel ``torch._weight_int8pack_mm``, which
+    reads the int8 weights and multiplies bfloat16 activations; the output returns in the input's
+    dtype. That kernel takes in_features in multiples of 16 only (others crash it), so other widths
+    dequantise the weight for each call (correct, not faster). Plain tensors throughout: it traces
+    under ``torch.compile`` and its state_dict is int8 weights and scales."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        scale = weight.detach().float().abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.register_buffer("weight", (weight.detach().float() / scale[:, None]).round().to(torch.int8))
+        self.register_buffer("scale", scale.to(torch.bfloat16))  # (out,)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.packed = self.in_features % 16 == 0  # what the kernel accepts
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.packed:
+            y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.weight, self.scale)
+            y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        else:
+            y = F.linear(x, self.weight.to(x.dtype) * self.scale[:, None].to(x.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.packed}"
+
+
+def _cpu_int8(model: nn.Module) -> None:
+    """Every nn.Linear becomes an Int8Linear (a tied LM head first gets its own, so its copy is int8)."""
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        raise ConfigError(f"weights='int8' on the CPU uses torch._weight_int8pack_mm, which torch {torch.__version__} "
+                          "lacks; use weights='bf16'")
+    _untie_head(model)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, Int8Linear.from_linear(child))
 
 
 def _torchao(model: nn.Module, weights: str) -> None:

@@ -76,8 +76,10 @@ def quality(model: zoo.ZooModel, reference: zoo.ZooModel, prompt: torch.Tensor, 
 
 
 def alternate(fns: dict[str, Callable[[], None]], tokens: int, rounds: int) -> dict[str, list[float]]:
-    """tokens/s of each function over ``rounds`` rounds, in forward then reversed order; one warm-up call each."""
+    """tokens/s of each function over ``rounds`` rounds, in forward then reversed order; two warm-up
+    calls each (the first compiles a compiled variant)."""
     for fn in fns.values():
+        fn()
         fn()
     rates: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(rounds):
@@ -126,6 +128,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         fns: dict[str, Callable[[], None]] = {
             f"zoo {p}": (lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None))
             for p, m in models.items()}
+        fns.update({  # the same models through generate(compile=True): a static cache and a compiled step
+            f"zoo {p} compiled": (lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None,
+                                                                              compile=True))
+            for p, m in models.items() if p in args.compiled})
         if hf is not None:
             fns["hf fp32"] = lambda prompt=prompt, n=n: hf.generate(
                 prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n, do_sample=False,
@@ -164,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size")
     parser.add_argument("--quality-tokens", type=int, default=32, help="greedy tokens compared with float32")
+    parser.add_argument("--compiled", nargs="*", default=["fp32", "int8", "int8 kv int8"],
+                        help="models (by name) also timed with generate(compile=True)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the HF peer (transformers not needed)")
     parser.add_argument("--pretrained", default=None, help="a save_pretrained/zoo-export folder instead of random "
                                                            "weights")
