@@ -82,8 +82,8 @@ def test_encoder_quantizes_and_stays_close():
 
 
 def test_int8_greedy_tokens_follow_float32_on_a_trained_model(trained):
-    """Measured: 320 of 320 greedy tokens agree (8 prompts x 40 steps; logits max-abs-diff 0.48, the
-    largest logit 11.7). The bound 0.9 leaves room for another CPU's rounding."""
+    """Measured: 318 of 320 greedy tokens agree (8 prompts x 40 steps; logits max-abs-diff 0.14, the
+    largest logit 11.7), with the int8 KV cache too. The bound 0.9 leaves room for another CPU's rounding."""
     model, prompts = trained
     quantized = zoo.quantize(copy.deepcopy(model), "int8")
     with torch.no_grad():
