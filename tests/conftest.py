@@ -20,6 +20,18 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="session")
+def gpt_base(tmp_path_factory):
+    """last.ckpt of a tiny gpt_generator run, trained once for every test module that starts from it."""
+    from test_tasks import compose_train
+
+    from tasks.cli.train import train
+
+    run_dir = tmp_path_factory.mktemp("base")
+    train(compose_train("gpt_generator", run_dir, "test=false"))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
 def pytest_configure(config):
     """Tests compose zoo-train's config as the verb does: its schemas and sweeper registered first."""
     from tasks.cli.common import register_configs

@@ -22,10 +22,8 @@ LORA = ["adapter=lora", "adapter.rank=4", "optimizer.lr=0.01"]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("base")
-    train(compose_train("gpt_generator", run_dir, "test=false"))
-    return run_dir / "checkpoints" / "last.ckpt"
+def base(gpt_base):
+    return gpt_base
 
 
 @pytest.fixture(scope="module")

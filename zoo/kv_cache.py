@@ -80,6 +80,13 @@ class _Stored(nn.Module):
     def _unpack(self, x: Tensor, scale: Tensor | None) -> Tensor:
         return x if scale is None else (x.float() * scale).to(self.dtype)
 
+    def get(self) -> tuple[Tensor, Tensor]:
+        """The keys and values held, (B, KV, held, hd), in the dtype they were written in."""
+        n = self.held
+        k_scale = None if self.k_scale is None else self.k_scale[:, :, :n]
+        v_scale = None if self.v_scale is None else self.v_scale[:, :, :n]
+        return self._unpack(self.k[:, :, :n], k_scale), self._unpack(self.v[:, :, :n], v_scale)
+
     def _stored(self) -> list[Tensor]:
         return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
 
@@ -141,12 +148,6 @@ class KVCache(_Stored):
         (self.k, self.k_scale), (self.v, self.v_scale) = self._pack(k), self._pack(v)
         self.length = self.held = k.shape[2]
 
-    def get(self) -> tuple[Tensor, Tensor]:
-        n = self.held
-        k_scale = None if self.k_scale is None else self.k_scale[:, :, :n]
-        v_scale = None if self.v_scale is None else self.v_scale[:, :, :n]
-        return self._unpack(self.k[:, :, :n], k_scale), self._unpack(self.v[:, :, :n], v_scale)
-
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the caches of the surviving beams)."""
         if self.k is not None:
@@ -190,8 +191,8 @@ class StaticKVCache(_Stored):
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new keys/values (B, KV, T, hd) at ``pos``..``pos`` + T - 1; return every slot,
         (B, KV, capacity, hd): the caller's mask hides the slots after each query."""
-        new = [*self._pack(k), *self._pack(v)]  # k, k_scale, v, v_scale
-        new = [t for t in (new[0], new[2], new[1], new[3]) if t is not None]  # as _stored() orders them
+        (k, k_scale), (v, v_scale) = self._pack(k), self._pack(v)
+        new = [t for t in (k, v, k_scale, v_scale) if t is not None]  # as _stored() orders them
         if self.k is None:
             B, KV = k.shape[:2]
             self.k, self.v, *scales = (t.new_zeros(B, KV, self.capacity, t.shape[-1]) for t in new)
@@ -203,12 +204,6 @@ class StaticKVCache(_Stored):
             stored.index_copy_(2, slots, t.to(stored.dtype))
         self.pos.add_(k.shape[2])
         return self._unpack(self.k, self.k_scale), self._unpack(self.v, self.v_scale)
-
-    def get(self) -> tuple[Tensor, Tensor]:
-        n = self.held
-        k_scale = None if self.k_scale is None else self.k_scale[:, :, :n]
-        v_scale = None if self.v_scale is None else self.v_scale[:, :, :n]
-        return self._unpack(self.k[:, :, :n], k_scale), self._unpack(self.v[:, :, :n], v_scale)
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows in place (the compiled step holds these very tensors)."""

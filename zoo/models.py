@@ -77,13 +77,14 @@ class ZooModel(GenerationMixin, nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self._kv_dtype: str | None = None  # see kv_dtype
 
     @property
     def kv_dtype(self) -> str | None:
         """How keys and values are kept: None (their own dtype) or "int8" (zoo.kv_cache). New KV caches
         store them so, and attention without a cache rounds them the same way, so a forward pass
         computes what cached decoding does. ``zoo.quantize(model, kv_cache="int8")`` sets it."""
-        return getattr(self, "_kv_dtype", None)
+        return self._kv_dtype
 
     @kv_dtype.setter
     def kv_dtype(self, kv_dtype: str | None) -> None:

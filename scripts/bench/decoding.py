@@ -44,6 +44,7 @@ if str(HERE) not in sys.path:  # a checkout's scripts/bench/ is no package: its 
 from hf_compare import hf_model, machine_info  # noqa: E402
 
 import zoo  # noqa: E402
+from zoo.io import atomic_write_text  # noqa: E402
 
 VARIANTS = ("zoo", "zoo compiled", "hf", "hf static compiled")
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.update(bench(args))
     print_table(out)
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        atomic_write_text(args.json, json.dumps(out, indent=2))
     return out
 
 

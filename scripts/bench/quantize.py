@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import zoo
+from zoo.io import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
@@ -179,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "report perplexity per precision")
     parser.add_argument("--eval-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--json", default="bench_quantize.json", help="where to write the results")
+    parser.add_argument("--json", default=None, help="also write the results here")
     return parser
 
 
@@ -192,8 +193,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                "threads": torch.get_num_threads(), "torch": torch.__version__}
     out = {"machine": machine, "config": vars(args), **bench(args)}
     print_summary(out)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=2)
+    if args.json:
+        atomic_write_text(args.json, json.dumps(out, indent=2))
     return out
 
 
