@@ -6,20 +6,80 @@
 #   3. scripts/bench/flex.py: ALiBi and T5-bias training tokens/s and peak memory at T = 1024, 2048, 4096 with
 #      attention=flex and attention=auto (FlexMods: bias and mask computed in the kernel) against sdpa with a
 #      bias tensor, and RoPE on sdpa; each row says whether the layers got FlexMods and its ratio to RoPE.
-# Without CUDA it runs a dry mode: the same steps on the CPU with a tiny model, to prove the script works.
-set -euo pipefail
+# A GPU is lent for minutes, so no step stops the others: each runs (with a time limit of its own), its output
+# goes to the terminal and to $OUT/<step>.log, and the script ends with every step's status and seconds (also
+# in $OUT/gpu_check.tsv), exiting 1 if any step failed.
+#
+#   OUT=results scripts/gpu_check.sh      # the JSON, logs and summary in results/ (default: outputs/gpu_check/<time>/)
+#   scripts/gpu_check.sh --dry-run        # the same steps on the CPU with a tiny model (also without CUDA)
+#
+# The dry run proves the script works (tests/test_gpu_check.py runs it); its figures mean nothing.
+# STEP_TIMEOUT (seconds, default 300) bounds each step; PYTHON (default python) runs the steps.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-.}
-if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-  python -m pytest -m gpu -q -p no:cacheprovider
-  python scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 --json "$out/gpu_bench.json"
-  python scripts/bench/flex.py --tokens 8192 --lengths 1024 2048 4096 --steps 5 --json "$out/flex_bench.json"
-else
-  echo "no CUDA device: dry run on the CPU (tiny model; the figures mean nothing)"
-  python -m pytest -m gpu -q -p no:cacheprovider || [ $? -eq 5 ]   # 5: every gpu test skipped
-  python scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 --device cpu \
-    --json "$out/gpu_bench.json"
-  python scripts/bench/flex.py --device cpu --tokens 64 --lengths 16 32 --steps 1 --d-model 64 --n-layers 2 \
-    --json "$out/flex_bench.json"   # flex_attention has no CPU backward: forward only
+py=${PYTHON:-python}
+out=${OUT:-outputs/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}
+limit=${STEP_TIMEOUT:-300}
+dry=0
+case "${1:-}" in
+  --dry-run) dry=1 ;;
+  "") ;;
+  *) echo "zoo: usage: scripts/gpu_check.sh [--dry-run] (got '$1')" >&2; exit 2 ;;
+esac
+if ! mkdir -p "$out" 2>/dev/null || [ ! -w "$out" ]; then
+  echo "zoo: OSError: cannot write the output folder '$out'; set OUT= to a writable folder" >&2
+  exit 2
 fi
+for file in gpu_check.tsv gpu_bench.json flex_bench.json; do  # never overwrite an earlier check's results
+  if [ -e "$out/$file" ]; then
+    echo "zoo: FileExistsError: '$out/$file' is from an earlier check; set OUT= to a new or empty folder" >&2
+    exit 2
+  fi
+done
+if [ $dry -eq 0 ] && ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "no CUDA device: dry run on the CPU"
+  dry=1
+fi
+
+names=() statuses=() seconds=() failed=0
+# step NAME OK_CODES COMMAND...: run COMMAND under the time limit, its output also in $out/NAME.log; an exit
+# code in OK_CODES (space-separated, beside 0) counts as passed.
+step() {
+  local name=$1 ok=" 0 $2 " start rc status
+  shift 2
+  echo "=== $name: $*"
+  start=$(date +%s%N)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  rc=${PIPESTATUS[0]}
+  if [[ $ok == *" $rc "* ]]; then status=ok
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status="FAILED (over ${limit} s)"; failed=1
+  else status="FAILED (exit $rc)"; failed=1
+  fi
+  names+=("$name") statuses+=("$status") seconds+=("$(( ($(date +%s%N) - start) / 1000000 ))")  # ms
+}
+
+if [ $dry -eq 0 ]; then
+  step gpu_info "" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  step gpu_tests "" "$py" -m pytest -m gpu -q -p no:cacheprovider
+  step device_bench "" "$py" scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 \
+    --json "$out/gpu_bench.json"
+  step flex_bench "" "$py" scripts/bench/flex.py --tokens 8192 --lengths 1024 2048 4096 --steps 5 \
+    --json "$out/flex_bench.json"
+else
+  echo "dry run on the CPU (tiny model, torch.compile off; the figures mean nothing)"
+  step gpu_tests 5 "$py" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py   # 5: every gpu test skipped
+  step device_bench "" "$py" scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 \
+    --device cpu --compile off --json "$out/gpu_bench.json"
+  step flex_bench "" "$py" scripts/bench/flex.py --device cpu --tokens 64 --lengths 16 32 --steps 1 --d-model 64 \
+    --n-layers 2 --json "$out/flex_bench.json"   # flex_attention has no CPU backward: forward only
+fi
+
+echo
+echo "gpu_check summary ($([ $dry -eq 1 ] && echo "dry run" || echo GPU), output in $out/):"
+printf "step\tstatus\tseconds\n" > "$out/gpu_check.tsv"
+for i in "${!names[@]}"; do
+  s=$(printf "%d.%d" $(( seconds[i] / 1000 )) $(( seconds[i] % 1000 / 100 )))
+  printf "  %-14s %-24s %7s s\n" "${names[$i]}" "${statuses[$i]}" "$s"
+  printf "%s\t%s\t%s\n" "${names[$i]}" "${statuses[$i]}" "$s" >> "$out/gpu_check.tsv"
+done
+exit $failed

@@ -2,7 +2,7 @@
 scripts/gpu_check.sh (on a CPU, with a tiny preset, its dry run).
 
     python scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 --json gpu_bench.json
-    python scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 --device cpu
+    python scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 --device cpu --compile off
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 import zoo
+from zoo.io import atomic_write_text
 
 
 def bench_device_training(preset: str, *, batch: int, length: int, steps: int, compile: bool,
@@ -78,18 +79,19 @@ def device_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default="gpu_bench.json")
+    parser.add_argument("--compile", choices=("off", "on", "both"), default="both",
+                        help="torch.compile off, on, or both rows (inductor on a CPU takes minutes)")
+    parser.add_argument("--json", default="gpu_bench.json", help="write the rows here (its folder is created)")
     args = parser.parse_args(argv)
     rows = []
-    for compile in (False, True):
+    for compile in {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]:
         row = bench_device_training(args.preset, batch=args.batch, length=args.length, steps=args.steps,
                                     compile=compile, device=args.device)
         rows.append(row)
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a (peak FLOP/s unknown for this device)"
         Console().print(f"{row['preset']} on {row['device']}, compile={compile}: {row['tokens_per_s']:,.0f} tokens/s, "
                         f"{row['model_tflops_per_s']:.1f} model TFLOP/s, MFU {mfu}")
-    with open(args.json, "w") as f:
-        json.dump(rows, f, indent=2)
+    atomic_write_text(args.json, json.dumps(rows, indent=2))
     return rows
 
 
