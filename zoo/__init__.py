@@ -7,6 +7,7 @@
 
 from zoo import adapters, attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
 from zoo.config import ModelConfig
+from zoo.gguf import GGUFContents, from_gguf, gguf_exportable, read_gguf, to_gguf
 from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy
 from zoo.io import CheckpointError, atomic_save, atomic_write, load_weights_file
@@ -36,6 +37,7 @@ __all__ = [
     "DecoderModel",
     "EncoderDecoderModel",
     "EncoderModel",
+    "GGUFContents",
     "HeadStats",
     "KVCache",
     "ModelConfig",
@@ -51,8 +53,10 @@ __all__ = [
     "chunked_cross_entropy",
     "count_parameters",
     "create_model",
+    "from_gguf",
     "from_hf",
     "from_hf_config",
+    "gguf_exportable",
     "hf_exportable",
     "get_config",
     "head_stats",
@@ -62,10 +66,12 @@ __all__ = [
     "load_pretrained",
     "position_limit",
     "quantize",
+    "read_gguf",
     "register",
     "register_model",
     "row_entropy",
     "save_pretrained",
     "stats",
+    "to_gguf",
     "to_hf",
 ]
