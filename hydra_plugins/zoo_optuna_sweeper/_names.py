@@ -8,6 +8,8 @@ here once; the report reads what the sweeper wrote by these same names."""
 # the sweeper, which records it as the trial's failure.
 STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "ZOO_OPTUNA_STORAGE", "ZOO_OPTUNA_STUDY", "ZOO_OPTUNA_TRIAL"
 
+RESULTS = "optimization_results.yaml"  # in the sweep directory: the study it belongs to, its best trial, counts
+
 # Trial attributes
 JOB_DIR = "job_dir"  # the job's output directory (logs/metrics.csv, checkpoints/)
 ERROR = "error"  # why a trial failed: "<ExceptionType>: <message>", at most 1000 characters

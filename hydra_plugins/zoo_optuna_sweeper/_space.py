@@ -11,7 +11,10 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Transformer
+from hydra.errors import OverrideParseException
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from hydra_plugins.zoo_optuna_sweeper._files import SweepError, first_line
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Param:
         if isinstance(dist, FloatDistribution) and dist.step is not None:
             n = round((dist.high - dist.low) / dist.step)
             return [float(Decimal(str(dist.low)) + i * Decimal(str(dist.step))) for i in range(n + 1)]
-        raise ValueError(f"sampler=grid needs choice() or range() params; {self.key} is a continuous interval")
+        raise SweepError(f"sampler=grid needs choice() or range() params; {self.key} is a continuous interval")
 
 
 @dataclass
@@ -55,7 +58,7 @@ class SearchSpace:
         parser = OverridesParser.create(config_loader=config_loader)
         searched: dict[str, Param] = {}
         fixed: dict[str, str] = {}
-        for override in parser.parse_overrides([*lines, *arguments]):
+        for override in parse_each(parser, [*lines, *arguments]):
             name = override.key_or_group + (f"@{override.package}" if override.package else "")
             searched.pop(name, None)
             fixed.pop(name, None)
@@ -81,6 +84,18 @@ class SearchSpace:
         return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def parse_each(parser: OverridesParser, lines: Sequence[str]) -> list[Override]:
+    """The overrides, a line that is not override syntax (a ``params`` entry) a SweepError naming it."""
+    overrides = []
+    for line in lines:
+        try:
+            overrides += parser.parse_overrides([line])
+        except OverrideParseException as error:
+            raise SweepError(f"hydra.sweeper.params: {line!r} is not override syntax ({first_line(error)}); "
+                             f"write e.g. interval(1e-4, 1e-2), choice(a, b) or range(1, 4)") from None
+    return overrides
+
+
 def override_line(key: str, value: Any) -> str:
     """One ``params`` entry as an override: a string is override syntax, a YAML list a choice, and
     anything else a fixed value."""
@@ -98,17 +113,17 @@ def to_param(override: Override) -> Param:
     tags = set(getattr(sweep, "tags", ()) or ())
     unknown = tags - {"log", "int"}
     if unknown:
-        raise ValueError(f"{key}: unknown tag(s) {sorted(unknown)}; the sweeper reads 'log' and 'int'")
+        raise SweepError(f"{key}: unknown tag(s) {sorted(unknown)}; the sweeper reads 'log' and 'int'")
     if override.is_choice_sweep():
         choices = [None if v is None else Transformer.encode(v) for v in override.sweep_iterator()]
         return Param(key, CategoricalDistribution(choices), list(override.sweep_string_iterator()))
     if override.is_range_sweep():
         values = sorted(override.sweep_iterator())
         if not values:
-            raise ValueError(f"{key}: {override.get_value_string()} is empty")
+            raise SweepError(f"{key}: {override.get_value_string()} is empty")
         step = abs(sweep.step)
         if "log" in tags and step != 1:
-            raise ValueError(f"{key}: a log-scale range needs step 1 (Optuna's rule), not {step}")
+            raise SweepError(f"{key}: a log-scale range needs step 1 (Optuna's rule), not {step}")
         if all(isinstance(v, int) for v in values):
             return Param(key, IntDistribution(values[0], values[-1], log="log" in tags, step=step))
         high = float(Decimal(str(values[0])) + (len(values) - 1) * Decimal(str(step)))
@@ -118,4 +133,4 @@ def to_param(override: Override) -> Param:
         if "int" in tags:
             return Param(key, IntDistribution(int(low), int(high), log=log_scale))
         return Param(key, FloatDistribution(float(low), float(high), log=log_scale))
-    raise ValueError(f"{key}: {override.get_value_string()} is not a sweep the Optuna sweeper reads")
+    raise SweepError(f"{key}: {override.get_value_string()} is not a sweep the Optuna sweeper reads")

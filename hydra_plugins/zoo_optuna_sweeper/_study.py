@@ -10,23 +10,27 @@ import math
 import os
 import socket
 import sys
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from hydra_plugins.zoo_optuna_sweeper._files import SweepError, read_yaml, storage_error
 from hydra_plugins.zoo_optuna_sweeper._names import (
     ERROR,
     INTERRUPTED,
     JOB_DIR,
     OWNER,
     PRUNER,
+    RESULTS,
     RETRY_OF,
     STORAGE_ENV,
     STUDY_ENV,
@@ -45,22 +49,27 @@ DIRECTIONS = {"minimize": "minimize", "min": "minimize", "maximize": "maximize",
 
 @functools.cache
 def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """One storage per URL and process (jobs of the basic launcher run in the sweep's process)."""
+    """One storage per URL and process (jobs of the basic launcher run in the sweep's process). One
+    that cannot be opened (a file that is no database, a truncated one, a folder it cannot be made
+    in, a missing driver, an Optuna too old or new for its tables) is a SweepError naming it."""
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else None
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    try:
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except (sqlalchemy.exc.SQLAlchemyError, OSError, ImportError, RuntimeError) as error:
+        raise storage_error(url, error) from None
 
 
 def make_pruner(name: str, args: Mapping[str, Any]) -> optuna.pruners.BasePruner:
     if name not in PRUNERS:
-        raise ValueError(f"hydra.sweeper.pruner={name!r}; choose one of {sorted(PRUNERS)}")
+        raise SweepError(f"hydra.sweeper.pruner={name!r}; choose one of {sorted(PRUNERS)}")
     cls = getattr(optuna.pruners, PRUNERS[name])
     try:
         return cls(**args)
     except TypeError as error:  # arguments meant for another pruner, e.g. left by an hparams_search file
         drop = " ".join(f"~hydra.sweeper.pruner_args.{key}" for key in args)
-        raise ValueError(f"hydra.sweeper.pruner_args={dict(args)} do not fit {cls.__name__} ({error}); drop them "
+        raise SweepError(f"hydra.sweeper.pruner_args={dict(args)} do not fit {cls.__name__} ({error}); drop them "
                          f"({drop}) and add its own (+hydra.sweeper.pruner_args.<name>=<value>)") from None
 
 
@@ -105,14 +114,30 @@ class OptunaSweep:
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     def run(self, arguments: list[str]) -> list[JobReturn]:
+        """The sweep; what keeps it from starting or going on (an option, the sweep directory, the
+        storage) ends the process with one line and exit status 2."""
+        try:
+            return self.sweep(arguments)
+        except SweepError as error:
+            end(error)
+        except sqlalchemy.exc.SQLAlchemyError as error:  # the storage failed during the sweep (a full disk...)
+            end(storage_error(self.storage_url, error))
+        except OSError as error:
+            if not error.filename:
+                raise
+            end(SweepError(f"cannot write {error.filename}: {error.strerror}; choose a hydra.sweep.dir you can write"))
+
+    def sweep(self, arguments: list[str]) -> list[JobReturn]:
         space = SearchSpace.parse(self.options.get("params"), arguments, self.hydra_context.config_loader)
         if not space.params:
-            raise ValueError("nothing to search: set hydra.sweeper.params (or sweep on the command line, x=1,2)")
+            raise SweepError("nothing to search: set hydra.sweeper.params (or sweep on the command line, x=1,2)")
         n_trials = self.options["n_trials"]
         if self.options["sampler"] == "grid":
             n_trials = min(n_trials, math.prod(len(v) for v in space.grid().values()))
+        self.check_sweep_dir(self.study_name(space))
         study = self.open_study(space)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        self.write_results(study, n_trials)  # first: a folder holding anything of a sweep says whose it is
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         done = finished(study)
         log.info(f"Optuna study {study.study_name} in {self.storage_url}: {done} of {n_trials} trials finished "
@@ -147,16 +172,19 @@ class OptunaSweep:
     def metric(self) -> str | None:
         return OmegaConf.select(self.config, "monitor.metric", default=None)
 
+    def study_name(self, space: SearchSpace) -> str:
+        return self.options.get("study_name") or (
+            f"{OmegaConf.select(self.config, 'task_name', default=self.config.hydra.job.name)}-{space.digest()}")
+
     def open_study(self, space: SearchSpace) -> optuna.Study:
         direction = self.options.get("direction") or {"max": "maximize"}.get(
             OmegaConf.select(self.config, "monitor.mode", default="min"), "minimize")
         if direction not in DIRECTIONS:
-            raise ValueError(f"hydra.sweeper.direction={direction!r}; choose minimize or maximize")
-        name = self.options.get("study_name") or (
-            f"{OmegaConf.select(self.config, 'task_name', default=self.config.hydra.job.name)}-{space.digest()}")
-        storage = open_storage(self.storage_url)
+            raise SweepError(f"hydra.sweeper.direction={direction!r}; choose minimize or maximize")
         pruner_spec = {"name": self.options["pruner"], "args": self.options.get("pruner_args") or {}}
         pruner = make_pruner(pruner_spec["name"], pruner_spec["args"])
+        self.make_sampler(space, n_before=0)  # a bad sampler option fails before the storage holds a study
+        name, storage = self.study_name(space), open_storage(self.storage_url)
         study = optuna.create_study(storage=storage, study_name=name, direction=DIRECTIONS[direction],
                                     load_if_exists=True)
         study.set_user_attr(PRUNER, pruner_spec)
@@ -164,10 +192,27 @@ class OptunaSweep:
         return optuna.load_study(study_name=name, storage=storage, pruner=pruner,
                                  sampler=self.make_sampler(space, n_before=len(study.trials)))
 
+    def check_sweep_dir(self, study_name: str) -> None:
+        """The sweep directory must be new, empty, or this study's own (the same command run again with
+        the same hydra.sweep.dir): job folders are named by trial numbers, which another study starts
+        again from 0, so its folders would be written over."""
+        if not self.sweep_dir.is_dir() or not any(self.sweep_dir.iterdir()):
+            return
+        results, fix = self.sweep_dir / RESULTS, "choose a new hydra.sweep.dir (by default each sweep gets a fresh one)"
+        if not results.is_file():
+            raise SweepError(f"hydra.sweep.dir={self.sweep_dir} is not empty and holds no {RESULTS}: it is no "
+                             f"sweep's folder, and jobs would write into it; {fix}")
+        found = read_yaml(results, f"repair it or {fix}")
+        found = found if isinstance(found, dict) else {}
+        if (found.get("study_name"), found.get("storage")) != (study_name, self.storage_url):
+            raise SweepError(f"hydra.sweep.dir={self.sweep_dir} holds the jobs of another sweep ({results} names "
+                             f"study {found.get('study_name')!r} in {found.get('storage')!r}, this one is "
+                             f"{study_name!r} in {self.storage_url}); {fix}")
+
     def make_sampler(self, space: SearchSpace, n_before: int) -> optuna.samplers.BaseSampler:
         name, args = self.options["sampler"], dict(self.options.get("sampler_args") or {})
         if name not in SAMPLERS:
-            raise ValueError(f"hydra.sweeper.sampler={name!r}; choose one of {list(SAMPLERS)}")
+            raise SweepError(f"hydra.sweeper.sampler={name!r}; choose one of {list(SAMPLERS)}")
         seed = self.options.get("seed")
         if seed is not None:
             args["seed"] = seed + n_before
@@ -177,7 +222,7 @@ class OptunaSweep:
             return (optuna.samplers.TPESampler if name == "tpe" else optuna.samplers.RandomSampler)(**args)
         except TypeError as error:  # arguments meant for another sampler, e.g. left by an hparams_search file
             drop = " ".join(f"~hydra.sweeper.sampler_args.{key}" for key in self.options.get("sampler_args") or {})
-            raise ValueError(f"hydra.sweeper.sampler_args do not fit sampler={name} ({error}); drop them ({drop})") \
+            raise SweepError(f"hydra.sweeper.sampler_args do not fit sampler={name} ({error}); drop them ({drop})") \
                 from None
 
     def recover_stale_trials(self, study: optuna.Study) -> None:
@@ -229,7 +274,7 @@ class OptunaSweep:
         if counts["COMPLETE"]:
             best = study.best_trial
             results.update(best_trial=best.number, best_value=best.value, best_params=best.params)
-        OmegaConf.save(OmegaConf.create(results), self.sweep_dir / "optimization_results.yaml")
+        OmegaConf.save(OmegaConf.create(results), self.sweep_dir / RESULTS)
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -239,6 +284,11 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
         pass
+
+
+def end(error: SweepError) -> typing.NoReturn:
+    print(f"zoo: SweepError: {error}", file=sys.stderr)
+    sys.exit(2)
 
 
 def finished(study: optuna.Study) -> int:

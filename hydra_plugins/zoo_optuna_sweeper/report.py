@@ -15,24 +15,32 @@ attributes it reads by the names in ``_names``.
 # No `from __future__ import annotations` here: Hydra's plugin scan runs this module (its name has no
 # leading underscore) before it is in sys.modules, where dataclasses cannot resolve string annotations.
 import argparse
-import csv
 import math
 import re
 import sys
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from omegaconf import OmegaConf
-
-from hydra_plugins.zoo_optuna_sweeper._names import ERROR, JOB_DIR, RETRY_OF
+from hydra_plugins.zoo_optuna_sweeper._files import (
+    SweepError,
+    first_line,
+    job_config,
+    job_overrides,
+    logged,
+    monitor_of,
+    read_yaml,
+    setting,
+)
+from hydra_plugins.zoo_optuna_sweeper._names import ERROR, JOB_DIR, RESULTS, RETRY_OF
 
 REPORT = "sweep_report.md"
 
 
-class NotASweep(ValueError):
+class NotASweep(SweepError):
     """The directory is not the output of ``zoo-train -m``."""
 
 
@@ -74,9 +82,14 @@ class Sweep:
 def read_sweep(path: Path) -> Sweep:
     if not path.is_dir():
         raise NotASweep(f"{path} is not a directory")
-    if (path / "optimization_results.yaml").is_file():
-        results = OmegaConf.load(path / "optimization_results.yaml")
-        if "study_name" in results and "storage" in results:
+    if (path / RESULTS).is_file():
+        fix = f"repair it, or move it out of {path} to report the jobs as a grid"
+        results = read_yaml(path / RESULTS, fix)
+        texts = ("study_name", "storage", "metric")
+        if not isinstance(results, dict) or not all(isinstance(results.get(k), str | None) for k in texts):
+            raise SweepError(f"{path / RESULTS} is not the mapping the sweeper writes ({', '.join(texts)}: text); "
+                             f"{fix}")
+        if results.get("study_name") and results.get("storage"):
             return read_optuna(path, results)
     jobs = job_dirs(path)
     if not jobs:
@@ -92,19 +105,6 @@ def job_dirs(path: Path) -> list[Path]:
     return sorted(jobs, key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
 
 
-def parse_overrides(lines: Sequence[str]) -> dict[str, tuple[str, Any]]:
-    """override key -> (the override as written, its typed value)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    out = {}
-    for line in lines:
-        override = parser.parse_override(line)
-        value = override.value() if not override.is_sweep_override() else override.get_value_string()
-        out[override.get_key_element()] = (line, value)
-    return out
-
-
 def read_grid(path: Path, jobs: list[Path]) -> Sweep:
     overrides = {job: job_overrides(job) for job in jobs}
     keys = list(dict.fromkeys(k for o in overrides.values() for k in o))
@@ -114,7 +114,7 @@ def read_grid(path: Path, jobs: list[Path]) -> Sweep:
     trials = []
     for i, job in enumerate(jobs):
         values, steps = logged(job, metric)
-        max_steps = OmegaConf.select(job_config(job), "trainer.max_steps", default=None)
+        max_steps = setting(job, job_config(job), "trainer.max_steps", (int,), None)
         finished = bool(steps) and max_steps is not None and max(steps) + 1 >= max_steps
         state = "NO METRIC" if not values else "COMPLETE" if finished or max_steps is None else "INCOMPLETE"
         trials.append(Trial(int(job.name) if job.name.isdigit() else i,
@@ -123,25 +123,26 @@ def read_grid(path: Path, jobs: list[Path]) -> Sweep:
     return Sweep(path, metric, mode, trials, fixed, header=f"grid multirun, {len(jobs)} jobs")
 
 
-def read_optuna(path: Path, results: Any) -> Sweep:
+def read_optuna(path: Path, results: dict[str, Any]) -> Sweep:
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study_read_only(path / "optimization_results.yaml", str(results.study_name), str(results.storage))
+    study = load_study_read_only(path / RESULTS, results["study_name"], results["storage"])
     mode = "max" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "min"
     jobs = job_dirs(path)
     metric = results.get("metric") or (monitor_of(jobs[0])[0] if jobs else "value")
     trials, log_params, categorical = [], set(), set()
-    retries = {t.user_attrs[RETRY_OF]: t.number for t in study.get_trials(deepcopy=False) if RETRY_OF in t.user_attrs}
+    retries = {t.user_attrs[RETRY_OF]: t.number for t in study.get_trials(deepcopy=False)
+               if isinstance(t.user_attrs.get(RETRY_OF), int)}
     for t in study.get_trials(deepcopy=False):
-        job = Path(t.user_attrs[JOB_DIR]) if JOB_DIR in t.user_attrs else None
+        job = Path(t.user_attrs[JOB_DIR]) if isinstance(t.user_attrs.get(JOB_DIR), str) else None
         values = logged(job, metric)[0] if job is not None and job.is_dir() else []
         trials.append(Trial(t.number, dict(t.params), t.value if t.value is not None else
                             (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None),
                             t.state.name, best_of(values, mode), job,
                             f"interrupted, retried as trial {retries[t.number]}" if t.number in retries
-                            else t.user_attrs.get(ERROR, "")[:80]))
+                            else str(t.user_attrs.get(ERROR, ""))[:80]))
         log_params |= {n for n, d in t.distributions.items()
                        if isinstance(d, (FloatDistribution, IntDistribution)) and d.log}
         categorical |= {n for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}
@@ -151,10 +152,14 @@ def read_optuna(path: Path, results: Any) -> Sweep:
         searched = {n for t in trials for n in t.params}
         fixed = [line for k, (line, _) in common[0].items()
                  if k not in searched and all(c.get(k, (None,))[0] == line for c in common)]
-    counts = ", ".join(f"{sum(t.state == s for t in trials)} {s}" for s in dict.fromkeys(t.state for t in trials))
-    header = (f"Optuna study `{study.study_name}` ({results.storage}), {study.direction.name.lower()} {metric}, "
-              f"{len(trials)} trials: {counts}")
+    header = (f"Optuna study `{study.study_name}` ({results['storage']}), {study.direction.name.lower()} {metric}, "
+              f"{len(trials)} trials: {by_state(trials)}")
     return Sweep(path, metric, mode, trials, fixed, log_params, categorical, header)
+
+
+def by_state(trials: list[Trial]) -> str:
+    """``3 COMPLETE, 1 FAIL``: how many trials ended in each state, in order of first appearance."""
+    return ", ".join(f"{sum(t.state == s for t in trials)} {s}" for s in dict.fromkeys(t.state for t in trials))
 
 
 def load_study_read_only(results: Path, study_name: str, url: str) -> Any:
@@ -179,41 +184,8 @@ def load_study_read_only(results: Path, study_name: str, url: str) -> Any:
         raise NotASweep(f"{where} holds no study {study_name!r}; check study_name: in the file") from None
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.OptunaError, ImportError, ValueError,
             RuntimeError) as error:
-        cause = error.__cause__ or error  # optuna wraps the database's own message
-        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:160]
-        raise NotASweep(f"{where} cannot be read as an Optuna study ({reason}); point storage: at the sweep's "
-                        f"database") from None
-
-
-def job_overrides(job: Path) -> dict[str, tuple[str, Any]]:
-    """The command-line overrides a job ran with: key -> (override line, value)."""
-    return parse_overrides(OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml")))
-
-
-def job_config(job: Path) -> Any:
-    for name in ("config.yaml", ".hydra/config.yaml"):
-        if (job / name).is_file():
-            return OmegaConf.load(job / name)
-    return OmegaConf.create()
-
-
-def monitor_of(job: Path) -> tuple[str, str]:
-    cfg = job_config(job)
-    return (OmegaConf.select(cfg, "monitor.metric", default="val/loss"),
-            OmegaConf.select(cfg, "monitor.mode", default="min"))
-
-
-def logged(job: Path, metric: str) -> tuple[list[float], list[int]]:
-    """The metric's values over a run, and the steps logged, from its CSV logs."""
-    values, steps = [], []
-    for path in sorted(job.glob("logs/**/metrics.csv")):
-        with path.open() as f:
-            for row in csv.DictReader(f):
-                if row.get("step"):
-                    steps.append(int(float(row["step"])))
-                if row.get(metric):
-                    values.append(float(row[metric]))
-    return values, steps
+        raise NotASweep(f"{where} cannot be read as an Optuna study ({first_line(error)}); point storage: at the "
+                        f"sweep's database") from None
 
 
 def best_of(values: list[float], mode: str) -> float | None:
@@ -322,17 +294,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         sweep = read_sweep(args.sweep_dir)
-    except NotASweep as error:
-        print(f"zoo: NotASweep: {error}", file=sys.stderr)
-        sys.exit(2)
+    except SweepError as error:  # NotASweep, or a damaged file or storage: the message names it
+        end(f"{type(error).__name__}: {error}")
+    except OSError as error:
+        end(f"OSError: cannot read {error.filename or args.sweep_dir}: {error.strerror}; check that the folder is "
+            f"readable")
     text = markdown(sweep)
-    plots = [] if args.no_plots else plot(sweep, args.sweep_dir)
-    if plots:
-        text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (args.sweep_dir / REPORT).write_text(text)
+    try:
+        plots = [] if args.no_plots else plot(sweep, args.sweep_dir)
+        if plots:
+            text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+        (args.sweep_dir / REPORT).write_text(text)
+    except OSError as error:
+        end(f"OSError: cannot write {error.filename or args.sweep_dir}: {error.strerror}; the report writes "
+            f"{REPORT} and its plots into the sweep folder: make it writable (or move what is in the way)")
     print(text)
     print(f"written: {args.sweep_dir / REPORT}" + "".join(f", {p.name}" for p in plots))
 
+
+def end(message: str) -> typing.NoReturn:
+    print(f"zoo: {message}", file=sys.stderr)
+    sys.exit(2)
 
 if __name__ == "__main__":
     main()

@@ -56,7 +56,7 @@ class ZooOptunaSweeperConf:
     """
 
     _target_: str = "hydra_plugins.zoo_optuna_sweeper.sweeper.ZooOptunaSweeper"
-    params: dict[str, Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # {}, not None: OmegaConf merges no dict into a None
     n_trials: int = 20
     n_jobs: int = 1
     direction: str | None = None
