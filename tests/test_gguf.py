@@ -202,6 +202,11 @@ def test_sentencepiece_vocabulary_encodes_as_transformers(tmp_path):
         assert ids == theirs(text).input_ids, text
         assert ids[0] == 1 and got.tokenizer.decode(ids) == text
     assert got.tokenizer.encode("the").tokens == ["<s>", "▁the"]
+    zoo.to_gguf(got.model, tmp_path / "again.gguf", tokenizer=got.tokenizer, specials=got.specials, add_bos=True)
+    again = zoo.read_gguf(tmp_path / "again.gguf")  # the vocabulary written back as llama's
+    again_theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="again.gguf")
+    for text in ["the quick fox", "hello world, the fox!", "a quickering thé fox"]:
+        assert again.tokenizer.encode(text).ids == got.tokenizer.encode(text).ids == again_theirs(text).input_ids
 
 
 # ---- bad input: one line naming the file and the key or tensor, nothing lost ------------------------

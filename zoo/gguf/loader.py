@@ -215,6 +215,5 @@ def _read_tokenizer(f: GGUFFile, contents: GGUFContents) -> None:
                               f"{contents.config.vocab_size} embedding rows; the file is corrupt")
     contents.add_bos = f.get("tokenizer.ggml.add_bos_token", "bool", vocab.model == "llama")
     contents.add_eos = f.get("tokenizer.ggml.add_eos_token", "bool", False)
-    contents.tokenizer = build_tokenizer(
-        vocab, contents.specials, add_bos=contents.add_bos, add_eos=contents.add_eos,
-        add_space_prefix=f.get("tokenizer.ggml.add_space_prefix", "bool", vocab.model == "llama"), where=str(f.path))
+    contents.tokenizer = build_tokenizer(vocab, contents.specials, add_bos=contents.add_bos,
+                                         add_eos=contents.add_eos, where=str(f.path))

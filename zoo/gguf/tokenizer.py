@@ -11,12 +11,14 @@ A GGUF file keeps its tokenizer as arrays under ``tokenizer.ggml.*``: ``tokens``
   ``tokenizers`` BPE that is every (a, b) with a, b and a+b in the vocabulary, ranked by a+b's score.
 
 Control tokens become special added tokens, user-defined ones added tokens; ``add_bos_token`` /
-``add_eos_token`` become a post-processor. zoo writes byte-level BPE tokenizers (``gpt2``).
+``add_eos_token`` become a post-processor. zoo writes byte-level BPE tokenizers (``gpt2``) and the
+SentencePiece ones it read (``llama``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,6 +68,7 @@ class Vocab:
     merges: Sequence[str] = ()
     scores: Sequence[float] = ()
     pre: str | None = None
+    add_space_prefix: bool | None = None  # llama: a space before the text (and after each special token)
 
 
 # ---- reading --------------------------------------------------------------------------------------------
@@ -95,7 +98,8 @@ def read_vocab(f: GGUFFile) -> Vocab | None:
         if len(scores) != len(tokens):
             raise CheckpointError(f"{f.path}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} "
                                   "tokens; the file is corrupt")
-        return Vocab("llama", tokens, types, scores=scores)
+        prefix = f.get("tokenizer.ggml.add_space_prefix", "bool", True)
+        return Vocab("llama", tokens, types, scores=scores, add_space_prefix=prefix)
     pre = f.get("tokenizer.ggml.pre", "str", "gpt-2")
     if pre not in PRE:
         raise CheckpointError(f"{f.path}: tokenizer.ggml.pre={pre!r} names a pre-tokenizer zoo does not know "
@@ -104,10 +108,10 @@ def read_vocab(f: GGUFFile) -> Vocab | None:
 
 
 def build_tokenizer(vocab: Vocab, specials: dict[str, int], *, add_bos: bool, add_eos: bool,
-                    add_space_prefix: bool = True, where: str = "the vocabulary") -> Tokenizer:
+                    where: str = "the vocabulary") -> Tokenizer:
     """The ``tokenizers.Tokenizer`` that encodes as llama.cpp does with ``vocab``."""
     try:
-        tok = _bpe(vocab) if vocab.model == "gpt2" else _sentencepiece(vocab, specials, add_space_prefix)
+        tok = _bpe(vocab) if vocab.model == "gpt2" else _sentencepiece(vocab, specials)
     except Exception as error:  # tokenizers raises its own exception types for a vocabulary it rejects
         raise CheckpointError(f"{where}: the {vocab.model} vocabulary does not make a tokenizer ({error}); the file "
                               "is corrupt") from None
@@ -127,10 +131,16 @@ def build_tokenizer(vocab: Vocab, specials: dict[str, int], *, add_bos: bool, ad
     return tok
 
 
-def _bpe(vocab: Vocab) -> Tokenizer:
+def _ids(vocab: Vocab) -> dict[str, int]:
+    """token -> id; a token listed twice keeps its first id (llama.cpp's lookup finds that one)."""
     ids: dict[str, int] = {}
     for i, token in enumerate(vocab.tokens):
         ids.setdefault(token, i)
+    return ids
+
+
+def _bpe(vocab: Vocab) -> Tokenizer:
+    ids = _ids(vocab)
     pairs = []
     for i, merge in enumerate(vocab.merges):
         left, space, right = merge.partition(" ")
@@ -144,10 +154,9 @@ def _bpe(vocab: Vocab) -> Tokenizer:
     return tok
 
 
-def _sentencepiece(vocab: Vocab, specials: dict[str, int], add_space_prefix: bool) -> Tokenizer:
-    ids: dict[str, int] = {}
-    for i, token in enumerate(vocab.tokens):
-        ids.setdefault(token, i)
+def _sentencepiece(vocab: Vocab, specials: dict[str, int]) -> Tokenizer:
+    add_space_prefix = vocab.add_space_prefix is not False
+    ids = _ids(vocab)
     unk = specials.get("unk")
     tok = Tokenizer(models.BPE(ids, _score_merges(vocab, ids), unk_token=vocab.tokens[unk] if unk is not None else None,
                                fuse_unk=True, byte_fallback=BYTE in vocab.types))
@@ -195,9 +204,19 @@ def _pre_name(pre: dict | None) -> str | None:
     return None
 
 
+def _is_sentencepiece(spec: dict) -> bool:
+    """The shape :func:`build_tokenizer` gives a ``llama`` vocabulary: BPE with byte fallback over
+    SentencePiece's visible space, no normalizer."""
+    pre = spec.get("pre_tokenizer") or {}
+    return (spec["model"].get("byte_fallback", False) and spec.get("normalizer") is None
+            and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not pre.get("split", True))
+
+
 def tokenizer_vocab(tok: Tokenizer, vocab_size: int) -> Vocab:
-    """The ``gpt2`` GGUF vocabulary of a byte-level BPE ``tok``, padded to ``vocab_size`` entries with
-    unused ``[PAD<id>]`` tokens (llama.cpp needs one token per embedding row), as llama.cpp's converter does.
+    """The GGUF vocabulary of ``tok``: ``gpt2`` for a byte-level BPE, ``llama`` for the SentencePiece
+    shape a ``llama`` file is read into (its scores from the merge ranks, which keeps the merge order).
+    Padded to ``vocab_size`` entries with unused ``[PAD<id>]`` tokens (llama.cpp needs one token per
+    embedding row), as llama.cpp's converter does.
 
     Raises:
         ConfigError: naming what llama.cpp's tokenizers cannot reproduce (another model, a
@@ -205,12 +224,33 @@ def tokenizer_vocab(tok: Tokenizer, vocab_size: int) -> Vocab:
     """
     spec = json.loads(tok.to_str())
     model, pre = spec["model"], _pre_name(spec.get("pre_tokenizer"))
-    fix = "export with tokenizer=None (the weights alone) or with a byte-level BPE tokenizer"
-    if model["type"] != "BPE" or spec.get("normalizer") is not None or pre is None:
+    spm = model["type"] == "BPE" and _is_sentencepiece(spec)
+    if model["type"] != "BPE" or (spec.get("normalizer") is not None and not spm) or (pre is None and not spm):
         what = (f"a {model['type']} model" if model["type"] != "BPE" else "a normalizer" if spec.get("normalizer")
                 else f"the pre-tokenizer {json.dumps(spec.get('pre_tokenizer'))[:120]}")
         raise ConfigError(f"tokenizer: llama.cpp cannot reproduce {what}: zoo writes byte-level BPE tokenizers whose "
-                          f"pre-tokenizer is one of {', '.join(PRE)} (as tokenizer.ggml.pre); {fix}")
+                          f"pre-tokenizer is one of {', '.join(PRE)} (as tokenizer.ggml.pre), and SentencePiece "
+                          "vocabularies read from GGUF; export with tokenizer=None (the weights alone) or another "
+                          "tokenizer")
+    tokens, types = _table(tok, vocab_size)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    if not spm:
+        return Vocab("gpt2", tokens, types, merges=merges, pre=pre)
+    scores = [-float(len(merges) + 1)] * vocab_size  # tokens no merge makes: below every merge
+    table = tok.get_vocab(with_added_tokens=True)
+    for rank, merge in reversed(list(enumerate(merges))):  # a token's first (best) merge sets its score
+        scores[table["".join(merge.split(" "))]] = -float(rank + 1)
+    for token, i in table.items():
+        types[i] = BYTE if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-F]{2}>", token) else types[i]
+    if model.get("unk_token") in table:
+        types[table[model["unk_token"]]] = UNKNOWN
+    prepend = spec["pre_tokenizer"].get("prepend_scheme", "always") != "never"
+    return Vocab("llama", tokens, types, scores=scores, add_space_prefix=prepend)
+
+
+def _table(tok: Tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
+    """Every token by id and its type (normal, control for special added tokens, user-defined for
+    the others, unused for padding)."""
     table = tok.get_vocab(with_added_tokens=True)
     if len(table) > vocab_size or max(table.values(), default=0) >= vocab_size:
         raise ConfigError(f"tokenizer: {len(table)} tokens (ids up to {max(table.values())}) for a model of "
@@ -220,8 +260,7 @@ def tokenizer_vocab(tok: Tokenizer, vocab_size: int) -> Vocab:
         tokens[i], types[i] = token, NORMAL
     for i, added in tok.get_added_tokens_decoder().items():
         types[i] = CONTROL if added.special else USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    return Vocab("gpt2", tokens, types, merges=merges, pre=pre)
+    return tokens, types
 
 
 def role_ids(specials: dict[str, object] | None, vocab_size: int) -> dict[str, int]:

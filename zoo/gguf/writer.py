@@ -59,8 +59,9 @@ def to_gguf(model: ZooModel, path: str | os.PathLike, *, dtype: str = "f32", tok
     """Write ``model`` as a llama.cpp GGUF file at ``path`` (which must not exist); return the architecture.
 
     ``dtype``: f32, f16, bf16, q8_0 or q4_0 for the 2-D weights (see :data:`FILE_TYPES`).
-    ``tokenizer``: a byte-level BPE ``tokenizers.Tokenizer`` (written as llama.cpp's ``gpt2`` vocabulary;
-    None: no vocabulary, which llama.cpp needs to run text). ``specials``: role -> id (bos, eos, pad,
+    ``tokenizer``: a byte-level BPE ``tokenizers.Tokenizer`` (written as llama.cpp's ``gpt2`` vocabulary),
+    or a SentencePiece one as :func:`~zoo.gguf.loader.read_gguf` reads it (``llama``); None: no
+    vocabulary, which llama.cpp needs to run text. ``specials``: role -> id (bos, eos, pad,
     unk, sep, cls, mask, eot; other entries are skipped); by default the model's eos and pad ids.
     ``add_bos``: llama.cpp puts bos before a text. ``chat_template``: a Jinja chat template, stored as text.
     ``check(tmp)`` runs on the finished file before it takes its name (raise to leave nothing behind).
@@ -156,6 +157,10 @@ def _write_vocab(writer: Any, vocab: Vocab, add_bos: bool) -> None:
     writer.add_token_types(list(vocab.types))
     if vocab.merges:
         writer.add_token_merges(list(vocab.merges))
+    if vocab.scores:
+        writer.add_token_scores(list(vocab.scores))
+    if vocab.add_space_prefix is not None:
+        writer.add_add_space_prefix(vocab.add_space_prefix)
     writer.add_add_bos_token(add_bos)
     writer.add_add_eos_token(False)
 
