@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from zoo.config import ModelConfig
-from zoo.io import CheckpointError, atomic_write, atomic_write_text
+from zoo.io import CheckpointError, atomic_write_text, atomic_write_with
 from zoo.models import ZooModel, build_model
 from zoo.registry import ConfigError
 
@@ -29,14 +29,14 @@ Shapes = Mapping[str, Sequence[int]]
 
 
 def save_pretrained(model: ZooModel, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``config.json`` ({"model": config, **extra}) and ``model.safetensors`` (tied weights once),
-    each atomically; the folder is created if needed."""
+    """Write ``model.safetensors`` (tied weights once), then ``config.json`` ({"model": config, **extra}),
+    each atomically (a config.json appears only beside its weights); the folder is created if
+    needed. A failed write (a full disk) is an OSError naming the file."""
     from safetensors.torch import save_model
 
     folder = Path(folder)
+    atomic_write_with(folder / "model.safetensors", lambda tmp: save_model(model, str(tmp)))
     atomic_write_text(folder / "config.json", json.dumps({"model": model.config.to_dict(), **(extra or {})}, indent=2))
-    with atomic_write(folder / "model.safetensors") as tmp:
-        save_model(model, str(tmp))
     return folder
 
 

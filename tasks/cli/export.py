@@ -7,10 +7,13 @@
   (the max abs difference is printed), plus tokenizer.json and config.json.
 - ``format=hf``: a folder transformers loads (tasks/cli/export_hf.py); ``out=`` must be new or empty.
 
-``out=`` may be a new or empty folder, or one a previous zoo-export wrote: its config.json carries
-a ``zoo_export`` record listing the files that export wrote. Only the files this export writes are
-replaced, each atomically (a kill leaves the previous file); nothing else in the folder is touched.
-Any other non-empty folder is refused unless ``overwrite=true``, which still replaces only those files.
+Every format is written into a temporary sibling of ``out=`` and checked there; a new or empty
+``out=`` is then that folder, renamed whole (a failure or a kill leaves nothing under its name).
+``out=`` may also be a folder a previous zoo-export wrote: its config.json carries a ``zoo_export``
+record listing the files that export wrote. Then only the files this export writes are replaced,
+each by an atomic rename (config.json last); nothing else in the folder is touched. Any other
+non-empty folder is refused unless ``overwrite=true``, which still replaces only those files.
+``out=`` is never a symbolic link, a file, or below a file.
 """
 
 from __future__ import annotations
@@ -19,9 +22,7 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -91,12 +92,19 @@ def exported_files(folder: Path) -> list[str] | None:
     return files
 
 
+def check_out(out: Path) -> None:
+    """Refuse an ``out=`` that no export can become: a symbolic link, a file, or a path below a file."""
+    try:
+        zoo.io.check_folder_path(out)
+    except FileExistsError as error:
+        raise UserError(f"out={error}") from None
+
+
 def check_destination(out: Path, files: Sequence[str], *, overwrite: bool) -> None:
     """Refuse ``out=`` when the export could replace a file it did not write: a non-empty folder
     that is no export of ours, or a file of ours that the previous export did not write
     (``overwrite`` allows both: only ``files`` are replaced, nothing is deleted)."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"out={out} is a file, not a folder; choose a folder (it is created if missing)")
+    check_out(out)
     if not out.is_dir():
         return
     folders = [name for name in files if (out / name).is_dir()]
@@ -133,26 +141,25 @@ def _names(names: Sequence[str], limit: int = 4) -> str:
 
 # ---- the formats --------------------------------------------------------------------------------
 def export_safetensors(task: ZooTask, info: dict, out: Path, card: str | None = None) -> float:
-    """Write the safetensors folder (config.json, with its record, first; then the task's own
-    modules, e.g. a classifier's head.safetensors) and return the max abs difference of the
-    reloaded model's outputs."""
+    """Write the safetensors folder (config.json with its record, config.yaml, the tokenizer, the
+    task's own modules, e.g. a classifier's head.safetensors) and return the max abs difference of
+    the reloaded model's outputs, measured before the folder takes its place (``atomic_folder``)."""
     from safetensors.torch import save_model
 
     files = [name for name in files_of(task, "safetensors") if name != "README.md" or card is not None]
     extra = {"task": info["task"], **task.export_info("safetensors"), RECORD: export_record(out, "safetensors", files)}
-    zoo.save_pretrained(task.model, out, extra=extra)
-    atomic_write_text(out / "config.yaml", info["config_yaml"])
-    if card is not None:
-        atomic_write_text(out / "README.md", card)
-    with zoo.atomic_write(out / "tokenizer.json") as tmp:
-        task.tokenizer.save(str(tmp))
-    for name, module in task.export_modules().items():
-        with zoo.atomic_write(out / name) as tmp:
-            save_model(module, str(tmp))
-    reloaded = zoo.load_pretrained(out)
-    inputs = ExportGraph(task).example_inputs()
-    with torch.no_grad():
-        return (task.model(**inputs) - reloaded(**inputs)).abs().max().item()
+    with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
+        zoo.save_pretrained(task.model, stage, extra=extra)
+        atomic_write_text(stage / "config.yaml", info["config_yaml"])
+        if card is not None:
+            atomic_write_text(stage / "README.md", card)
+        zoo.io.atomic_write_with(stage / "tokenizer.json", lambda tmp: task.tokenizer.save(str(tmp)))
+        for name, module in task.export_modules().items():
+            zoo.io.atomic_write_with(stage / name, lambda tmp, module=module: save_model(module, str(tmp)))
+        reloaded = zoo.load_pretrained(stage)
+        inputs = ExportGraph(task).example_inputs()
+        with torch.no_grad():
+            return (task.model(**inputs) - reloaded(**inputs)).abs().max().item()
 
 
 def require_onnx() -> None:
@@ -180,14 +187,27 @@ def exporter_quiet() -> Iterator[None]:
 
 
 def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | None = None) -> float:
-    """Write the ONNX folder and return the max abs difference between onnxruntime and PyTorch.
-
-    The graph is saved in a temporary folder first, then each file is copied into ``out`` through
-    ``zoo.atomic_write``: the weights file (when there is one) before the graph that names it."""
+    """Write the ONNX folder and return the max abs difference between onnxruntime and PyTorch,
+    measured before the folder takes its place (``atomic_folder``: the weights file, when there is
+    one, moves in before the graph that names it, config.json last)."""
     require_onnx()
-    import numpy as np
-    import onnxruntime
+    program, graph = onnx_program(task, opset)
+    card_file = ["README.md"] if card is not None else []
+    with zoo.io.atomic_folder(out, merge=True, last=["model.onnx", "config.json"]) as stage:
+        with zoo.io.naming(stage / "model.onnx"):
+            program.save(stage / "model.onnx")  # + model.onnx.data when over torch's single-file limit
+        record = export_record(out, "onnx", ["config.json", *os.listdir(stage), "tokenizer.json", *card_file])
+        config = {"model": task.model.config.to_dict(), "task": info["task"], **task.export_info("onnx"),
+                  RECORD: record}
+        atomic_write_text(stage / "config.json", json.dumps(config, indent=2))
+        zoo.io.atomic_write_with(stage / "tokenizer.json", lambda tmp: task.tokenizer.save(str(tmp)))
+        if card is not None:
+            atomic_write_text(stage / "README.md", card)
+        return onnx_difference(graph, stage / "model.onnx")
 
+
+def onnx_program(task: ZooTask, opset: int) -> tuple[Any, ExportGraph]:
+    """The task's graph traced by torch's ONNX exporter, with dynamic batch and sequence axes."""
     graph = ExportGraph(task).eval()
     for layer in graph.modules():  # explicit matmuls: the exporter's view of the fused kernel's output
         if isinstance(layer, Attention):  # layout differs from what its decomposition produces
@@ -200,24 +220,17 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | No
     with exporter_quiet():
         program = torch.onnx.export(graph, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
                                     output_names=["output"], opset_version=opset, dynamo=True, verbose=False)
-    with tempfile.TemporaryDirectory(prefix="zoo-export-") as stage:
-        program.save(Path(stage) / "model.onnx")  # + model.onnx.data when over torch's single-file limit
-        staged = sorted(os.listdir(stage), key=lambda name: name == "model.onnx")
-        card_file = ["README.md"] if card is not None else []
-        record = export_record(out, "onnx", ["config.json", *staged, "tokenizer.json", *card_file])
-        config = {"model": task.model.config.to_dict(), "task": info["task"], **task.export_info("onnx"),
-                  RECORD: record}
-        atomic_write_text(out / "config.json", json.dumps(config, indent=2))
-        for name in staged:
-            with zoo.atomic_write(out / name) as tmp:
-                shutil.copyfile(Path(stage) / name, tmp)
-    with zoo.atomic_write(out / "tokenizer.json") as tmp:
-        task.tokenizer.save(str(tmp))
-    if card is not None:
-        atomic_write_text(out / "README.md", card)
-    # check at other shapes than the traced ones: the axes must really be dynamic
-    check = ExportGraph(task).example_inputs(batch=3, length=11)
-    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    return program, graph
+
+
+def onnx_difference(graph: ExportGraph, path: Path) -> float:
+    """Max abs difference of onnxruntime's outputs and PyTorch's, at other shapes than the traced
+    ones (the axes must really be dynamic)."""
+    import numpy as np
+    import onnxruntime
+
+    check = graph.example_inputs(batch=3, length=11)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {k: v.numpy() for k, v in check.items()})[0]
     with torch.no_grad():
         want = graph(**check).numpy()
@@ -225,7 +238,9 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | No
 
 
 def hf_verb(task: ZooTask, checkpoint: dict[str, Any], out: Path, command: str) -> float:
-    """format=hf: a new folder (never into an existing one), checked by transformers when installed."""
+    """format=hf: a new folder (never into an existing one), checked by transformers when installed;
+    ``zoo.to_hf`` writes it through ``atomic_folder``."""
+    check_out(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"out={out}: format=hf writes a new folder and this one is not empty; choose a new or empty "
                         f"folder (nothing is overwritten)")
@@ -253,6 +268,7 @@ def main(cfg: DictConfig) -> float:
         require_onnx()
     quiet_libraries()
     out = Path(cfg.out).expanduser()
+    check_out(out)
     task, checkpoint = task_and_checkpoint(cfg.ckpt_path)
     task.merge_adapter()  # a LoRA run is exported as the dense model it computes
     info, command = checkpoint["zoo_run"], " ".join(["zoo-export", *sys.argv[1:]])

@@ -25,8 +25,9 @@ from torch import nn
 from zoo.config import ModelConfig
 from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
 from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
-from zoo.hf.folder import is_hf_folder, new_folder, read_config, read_tensors, resolve, write_json
+from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, write_json
 from zoo.hf.mapping import FAMILIES, Exporter, Family, HFClass, Importer
+from zoo.io import atomic_folder, atomic_write_with
 from zoo.models import ZooModel, build_model
 from zoo.registry import ConfigError
 
@@ -132,6 +133,7 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
     ``BertForSequenceClassification`` with ``label_names``. The folder appears whole or not at all;
     an existing non-empty ``folder`` is refused. ``check(tmp)`` runs on the finished folder before it
     takes its name (raise to leave nothing behind). Returns the transformers class written.
+    A failed write (a full disk) is an OSError naming the file of ``folder`` it was writing.
 
     Raises:
         ConfigError: for a composition no transformers class computes (see :func:`hf_exportable`),
@@ -155,9 +157,10 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
         exporter.out["classifier.weight"] = classifier.weight.detach().contiguous().clone()
         exporter.out["classifier.bias"] = classifier.bias.detach().contiguous().clone()
         config |= {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
-    with new_folder(folder) as tmp:
+    with atomic_folder(folder) as tmp:
         write_json(tmp / "config.json", config)
-        save_file(exporter.out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_with(tmp / "model.safetensors", lambda path: save_file(exporter.out, str(path),
+                                                                            metadata={"format": "pt"}))
         if type(model).decoding is not None:
             write_json(tmp / "generation_config.json", _generation_config(cfg, config))
         for file, text in (files or {}).items():

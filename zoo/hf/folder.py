@@ -1,17 +1,12 @@
 """Hugging Face model folders on disk: reading one as ``save_pretrained`` writes it (config.json and
 model.safetensors, sharded safetensors, or pytorch_model.bin read weights-only), resolving a hub
-repo id to its cached folder, and writing one atomically (a temporary sibling folder renamed into
-place, so a failure leaves no partial folder)."""
+repo id to its cached folder. ``zoo.to_hf`` writes one through ``zoo.io.atomic_folder``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from zoo.hf.mapping import FAMILIES
-from zoo.io import CheckpointError, fsync_dir, load_weights_file
+from zoo.io import CheckpointError, load_weights_file
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -115,29 +110,6 @@ def _read_file(path: Path) -> dict[str, Tensor]:
         return load_file(path)
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error}); restore it") from error
-
-
-@contextlib.contextmanager
-def new_folder(folder: str | os.PathLike) -> Iterator[Path]:
-    """A folder written all at once: the caller fills the yielded temporary sibling; on success it
-    is renamed to ``folder`` (which must not exist, or be empty), on failure removed."""
-    folder = Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise FileExistsError(f"{folder}: exists and is not an empty folder; choose a new one (nothing is overwritten)")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    try:
-        yield tmp
-        for file in tmp.iterdir():
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
-        if folder.exists():
-            folder.rmdir()  # empty, checked above
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(folder.parent)
 
 
 def write_json(path: Path, values: dict[str, Any]) -> None:
