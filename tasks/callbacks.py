@@ -99,6 +99,19 @@ class ProgressBar(RichProgressBar):
             return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
         return super()._get_train_description(current_epoch)
 
+    @property
+    def total_train_batches(self) -> int | float:
+        """The count the training bar runs to: the epoch's batches, or fewer where ``max_steps``
+        ends the run first. The bar counts batches from the epoch's start, a resumed run's too;
+        Lightning's own total (only the steps left) reads ``620/19`` there."""
+        trainer = self.trainer
+        total = trainer.num_training_batches
+        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # this epoch's, before now
+            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+            total = min(total, done + left)
+        return total
+
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)

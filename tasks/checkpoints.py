@@ -4,7 +4,8 @@
   the final one) is atomic and refuses non-finite weights; every load goes through
   ``zoo.load_weights_file`` (weights only, no URLs); it removes only checkpoints this run wrote
   or that lie in its own checkpoint folder.
-- ``claim_run_dir`` makes sure a run never writes into another run's directory.
+- ``claim_run_dir`` makes sure a run never writes into another run's directory, and that one run
+  has one writer: the process that claims it holds a lock on its marker until ``release_runs``.
 - ``base_reference`` and ``with_base``: a LoRA run with ``adapter.save=only`` writes checkpoints
   without its frozen base tensors, naming instead where they came from (``init_from``) and their
   sha256; every load puts them back from there, and refuses a base that is missing or changed.
@@ -12,8 +13,12 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import functools
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +28,24 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 import zoo
 from tasks.errors import DivergedError, UserError
 
-RUN_MARKER = ".zoo-run"  # written into a run directory when a run claims it
+RUN_MARKER = ".zoo-run"  # written into a run directory when a run claims it; its writer holds a lock on it
 
 
 class ZooCheckpointIO(CheckpointIO):
     """Args:
         own_dir: the run's checkpoint folder; removing files elsewhere is refused.
         preloaded: checkpoints already read by the caller (path -> contents), not read twice.
+        superseded: checkpoints that a later one replaces (``on_exception.ckpt``): removed once a
+            checkpoint of the same or a later step is saved (by the rule of ``remove_checkpoint``),
+            so that none is left to resume from a step behind.
     """
 
     def __init__(self, own_dir: str | os.PathLike | None = None,
-                 preloaded: dict[str, dict[str, Any]] | None = None) -> None:
+                 preloaded: dict[str, dict[str, Any]] | None = None,
+                 superseded: list[str | os.PathLike] | None = None) -> None:
         self.own_dir = Path(own_dir).resolve() if own_dir is not None else None
         self.preloaded = {str(Path(k).resolve()): v for k, v in (preloaded or {}).items()}
+        self.superseded = [Path(p).resolve() for p in superseded or []]
         self.written: set[Path] = set()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
@@ -47,7 +57,13 @@ class ZooCheckpointIO(CheckpointIO):
             raise DivergedError(f"the weights are no longer finite ({bad} is not); {Path(path).name} was not "
                                 f"written, the previous one is kept")
         zoo.atomic_save(checkpoint, path)
-        self.written.add(Path(path).resolve())
+        saved = Path(path).resolve()
+        self.written.add(saved)
+        step = checkpoint.get("global_step")
+        for stale in self.superseded:
+            theirs = checkpoint_step(stale) if stale != saved and stale.is_file() else None
+            if theirs is not None and isinstance(step, int) and theirs <= step:
+                self.remove_checkpoint(stale)
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
@@ -73,6 +89,24 @@ def non_finite(state: dict[str, Any]) -> str | None:
     return None
 
 
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The global step a checkpoint was saved at (through the weights-only loader); None when it
+    cannot be read or holds none."""
+    path = Path(path)
+    try:
+        info = path.stat()
+        return _step(str(path.resolve()), info.st_mtime_ns, info.st_size)
+    except (OSError, zoo.CheckpointError):
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _step(path: str, mtime_ns: int, size: int) -> int | None:  # a file read once per version of it
+    checkpoint = zoo.load_weights_file(path)
+    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def holds_a_run(folder: Path) -> bool:
     """Whether ``folder`` has files of a zoo-train run (claimed, or from before runs were claimed)."""
     return (folder / RUN_MARKER).exists() or any((folder / p).exists() for p in ("checkpoints", "logs/metrics.csv"))
@@ -81,7 +115,8 @@ def holds_a_run(folder: Path) -> bool:
 def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = "paths.output_dir",
                   dry_run: bool = False) -> None:
     """Make ``folder`` this run's directory, or raise a UserError when another run's files are in
-    it. Resuming from a checkpoint inside ``folder`` continues that run there (allowed).
+    it. Resuming from a checkpoint inside ``folder`` continues that run there (allowed), unless
+    another process still writes it: the claim holds a lock on the run's marker (``hold_run``).
     ``dry_run``: only refuse, write nothing."""
     folder = Path(folder)
     resuming_here = resume_from is not None and "://" not in resume_from and \
@@ -91,19 +126,73 @@ def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = 
             if (folder / "checkpoints" / "last.ckpt").exists() else "choose another directory"
         raise UserError(f"{field}={folder} holds another run's files; a new run never writes there: leave "
                         f"hydra.run.dir at its default (a fresh directory), or {hint}")
+    marker = folder / RUN_MARKER
+    if resuming_here and (marker.exists() or marker.is_symlink()):
+        hold_run(folder, open_marker(marker), keep=not dry_run)  # a dry run refuses a writer that runs, holds nothing
+        return
     if dry_run:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / RUN_MARKER
     try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
     except FileExistsError:
-        if resuming_here:
+        if resuming_here:  # a run from before markers, claimed by another resume just now: it holds the lock
+            hold_run(folder, open_marker(marker))
             return
         raise UserError(f"{field}={folder} was claimed by another run that started at the same time; start "
                         f"again (a fresh directory is chosen)") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(f"pid {os.getpid()}\n")
+    hold_run(folder, fd)
+
+
+def open_marker(marker: Path) -> int:
+    """The run's marker opened read-write, refused (UserError) unless it is a plain file of its own:
+    not a link to a file elsewhere, which writing the pid into would change."""
+    try:
+        fd = os.open(marker, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        fd = None
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_nlink == 1:
+        return fd
+    if fd is not None:
+        os.close(fd)
+    raise UserError(f"{marker} is not a plain file (a link or another kind); a run directory that zoo-train made "
+                    f"has none such: resume only a run directory you trust, with its marker as zoo-train wrote it")
+
+
+_HELD: dict[Path, int] = {}  # run directory -> the open marker whose lock this process holds
+
+
+def hold_run(folder: Path, fd: int, *, keep: bool = True) -> None:
+    """Lock the run's marker (``fd``, opened read-write) for this process and write its pid there;
+    a UserError naming the holder when another process has it. The lock is the kernel's
+    (``flock``): it ends with ``release_runs`` or with the process, however that ends.
+    ``keep=False``: only refuse when another process holds it; release it at once, write nothing."""
+    key = Path(folder).resolve()
+    if key in _HELD:  # this process holds it already
+        os.close(fd)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "a process whose pid is not written yet"
+        os.close(fd)
+        raise UserError(f"{folder} is being written by another zoo-train ({holder}); one run has one writer: wait "
+                        f"until it ends (or stop it), then resume it again") from None
+    if not keep:
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+
+
+def release_runs() -> None:
+    """End this process's hold on every run it claimed (its training is over)."""
+    while _HELD:
+        _, fd = _HELD.popitem()
+        os.close(fd)  # closing the marker ends its lock
 
 
 def claim_fresh(folder: Path) -> Path:

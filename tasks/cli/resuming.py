@@ -1,23 +1,38 @@
 """``zoo-train resume=<run dir>``: continue that run — its own config, directory and metrics file
-— from its newest checkpoint, with only the ``key=value`` overrides given now applied on top."""
+— from its newest checkpoint, with only the ``key=value`` overrides given now applied on top.
+
+The config comes from the checkpoint, a file that may have come from anyone (a shared run
+directory), so it is read as data that names nothing itself (``stored_config``): every
+``_target_`` in it must be one that zoo's own ``conf/`` puts at that place (``tasks.cli.conf_rules``),
+its ``${...}`` are literal text, and the places where a run writes are those conf/ derives from
+the run directory.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
 
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
+import zoo
+from tasks.checkpoints import checkpoint_step
 from tasks.cli.common import conf_dir, read_checkpoint
+from tasks.cli.conf_rules import RUN_DIR, conf_rules
 from tasks.errors import UserError
 
-CHECKPOINTS = ("on_exception.ckpt", "last.ckpt")  # what a run leaves to resume from
+CHECKPOINTS = ("on_exception.ckpt", "last.ckpt")  # what a run leaves to resume from; last.ckpt wins a tie
 
 
 def run_of(path: str | Path) -> tuple[Path, Path]:
-    """(run directory, checkpoint) named by ``resume=``: a run directory (its newest checkpoint,
-    last.ckpt or on_exception.ckpt) or a checkpoint inside one's ``checkpoints/``."""
+    """(run directory, checkpoint) named by ``resume=``: a run directory (its checkpoint of the
+    highest global step, last.ckpt or on_exception.ckpt: a copied or restored folder's file times
+    say nothing) or a checkpoint inside one's ``checkpoints/``."""
     path = Path(path).expanduser()
     if path.is_file():
         return path.resolve().parent.parent, path
@@ -25,7 +40,14 @@ def run_of(path: str | Path) -> tuple[Path, Path]:
     if not found:
         what = "no such folder" if not path.exists() else "no checkpoints/last.ckpt or on_exception.ckpt in it"
         raise UserError(f"resume={path}: {what}; give a run directory of zoo-train (outputs/<task>/runs/<date>)")
-    return path.resolve(), max(found, key=lambda p: p.stat().st_mtime)
+    steps = {ckpt: checkpoint_step(ckpt) for ckpt in found}
+    unread = [ckpt for ckpt, step in steps.items() if step is None]
+    if unread:
+        other = next((c for c in found if c not in unread), None)
+        hint = f"resume from the other one with resume={other}" if other else "start a new run"
+        raise UserError(f"resume={path}: {unread[0]} cannot be read as a zoo-train checkpoint, so which one is newest "
+                        f"is unknown; {hint}")
+    return path.resolve(), max(found, key=lambda ckpt: (steps[ckpt], CHECKPOINTS.index(ckpt.name)))
 
 
 def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
@@ -34,7 +56,7 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     make another run."""
     run_dir, ckpt = run_of(cfg.resume)
     checkpoint = read_checkpoint(ckpt, "resume", base=False)  # its config only: zoo-train reads it whole
-    resumed = OmegaConf.create(checkpoint["zoo_run"]["config_yaml"])
+    resumed = stored_config(checkpoint["zoo_run"]["config_yaml"], ckpt, run_dir)
     applied = []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
@@ -49,22 +71,70 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         applied.append(override.input_line)
     with open_dict(resumed):
         resumed.ckpt_path, resumed.resume, resumed.init_from = str(ckpt), None, None  # weights: the checkpoint's
-        moved_from = str(resumed.paths.output_dir)
-        resumed.paths.output_dir = str(run_dir)
-        if moved_from != str(run_dir):  # the run was moved or copied: its paths follow it
-            rebase_paths(resumed, moved_from, str(run_dir))
     step = checkpoint["global_step"]
     print(f"resuming {run_dir} from {ckpt.name} (step {step})"
           + (f" with {' '.join(applied)}" if applied else ", with its own config"))
     return resumed
 
 
+def stored_config(text: str, ckpt: Path, run_dir: Path) -> DictConfig:
+    """The run config a checkpoint holds (``config_yaml``), as data for a run in ``run_dir``:
+
+    - refused (CheckpointError, before anything is built) when it names code that zoo's conf/ does
+      not name there: a ``_target_`` elsewhere or of another value, a node that names code by an
+      argument (``hydra.utils.get_class``) changed, or a path where conf/ gives a file name;
+    - every ``${...}`` in it is literal text (never resolved: a stored ``${oc.env:…}`` would read
+      this machine's environment into the run);
+    - the places that conf/ derives from the run directory (checkpoint folders, the loggers' and
+      the trainer's root) are conf/'s, in ``run_dir``; other paths under the directory the run was
+      saved from follow it there (a moved or copied run).
+    """
+    try:
+        raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError) as error:
+        raise zoo.CheckpointError(f"resume={ckpt}: its stored config (zoo_run.config_yaml) cannot be read "
+                                  f"({' '.join(str(error).split())[:160]}); use a checkpoint zoo-train wrote") from None
+    paths = raw.get("paths") if isinstance(raw, dict) else None
+    old_dir = paths.get("output_dir") if isinstance(paths, dict) else None
+    if not isinstance(old_dir, str):
+        raise zoo.CheckpointError(f"resume={ckpt}: its stored config (zoo_run.config_yaml) is not a zoo-train run's "
+                                  f"(no paths.output_dir); use a checkpoint zoo-train wrote")
+    rules = conf_rules(conf_dir())
+    problem = rules.problem(raw)
+    if problem:
+        raise zoo.CheckpointError(f"resume={ckpt}: its stored config {problem}, which zoo's conf/ does not: resume= "
+                                  f"builds only what conf/ names, so nothing was run. Resume only a run you trust; to "
+                                  f"continue it with a config of your own, give ckpt_path={ckpt} and that command line")
+    resumed = OmegaConf.create(as_literal(raw))
+    with open_dict(resumed):
+        for place, value in rules.in_run.items():
+            if OmegaConf.select(resumed, place, default=None) is not None:
+                OmegaConf.update(resumed, place, as_literal(value.replace(RUN_DIR, str(run_dir))))
+        resumed.paths.output_dir = as_literal(str(run_dir))
+        if old_dir != str(run_dir):  # the run was moved or copied: its paths follow it
+            rebase_paths(resumed, old_dir, str(run_dir))
+    return resumed
+
+
+def as_literal(value: Any) -> Any:
+    """``value`` (plain data) with every string escaped so that OmegaConf reads it as the same text:
+    n backslashes before ``${`` become 2n + 1 (OmegaConf's escape), no interpolation is left."""
+    if isinstance(value, dict):
+        return {k: as_literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_literal(v) for v in value]
+    if isinstance(value, str) and "${" in value:
+        return re.sub(r"(\\*)\$\{", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", value)
+    return value
+
+
 def rebase_paths(node: DictConfig | ListConfig, old: str, new: str) -> None:
-    """Every string of the (resolved) config at or under ``old`` moved under ``new``: the checkpoint
-    folder, the metrics file and the like of a run directory that was moved or copied."""
+    """Every string of the config at or under ``old`` moved under ``new``: the tokenizer, data and
+    the like of a run directory that was moved or copied (the text stays literal)."""
     items = node.items() if isinstance(node, DictConfig) else enumerate(node)
     for key, value in list(items):
         if isinstance(value, DictConfig | ListConfig):
             rebase_paths(value, old, new)
         elif isinstance(value, str) and (value == old or value.startswith(old.rstrip(os.sep) + os.sep)):
-            node[key] = new + value[len(old):]
+            node[key] = as_literal(new + value[len(old):])
+

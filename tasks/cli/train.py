@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from tokenizers import Tokenizer
 import zoo
 from tasks import TASKS
 from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
-from tasks.checkpoints import ZooCheckpointIO, claim_run_dir
+from tasks.checkpoints import ZooCheckpointIO, claim_run_dir, release_runs
 from tasks.cli.card import describe_model
 from tasks.cli.common import (
     RAISE_ERRORS_ENV,
@@ -46,6 +47,15 @@ from tasks.loggers import CSVLogger
 
 
 def train(cfg: DictConfig) -> float | None:
+    """Train the run ``cfg`` describes (a resume when it has ``ckpt_path``); the monitored metric.
+    The process holds the run directory (one writer: ``claim_run_dir``) from its claim until then."""
+    try:
+        return train_run(cfg)
+    finally:
+        release_runs()
+
+
+def train_run(cfg: DictConfig) -> float | None:
     from_hf = is_hf_source(cfg.init_from)  # init_from=<HF folder>: model and tokenizer (unless resuming)
     folder = hf_source(cfg.init_from) if from_hf and not cfg.ckpt_path else None
     pretrained = adopt_model(cfg, folder) if folder else None  # the folder's config becomes cfg.model
@@ -59,7 +69,7 @@ def train(cfg: DictConfig) -> float | None:
         claim_run_dir(output_dir, resume_from=cfg.ckpt_path, dry_run=True)  # refuse another run's directory now
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule = instantiate(cfg.data, _convert_="all", _recursive_=False)  # its settings are data, nothing built
     hand_tokenizer(datamodule, cfg, resume or start, folder, output_dir if not first else None)
     datamodule.setup("fit")
     model_cfg = model_cfg.replace(**data_sizes(cfg, model_cfg, datamodule.model_sizes(), pretrained=bool(folder)))
@@ -72,21 +82,16 @@ def train(cfg: DictConfig) -> float | None:
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
     checkpoint_io = ZooCheckpointIO(own_dir=output_dir / "checkpoints",
-                                    preloaded={str(cfg.ckpt_path): resume} if resume else None)
+                                    preloaded={str(cfg.ckpt_path): resume} if resume else None,
+                                    superseded=[c.path for c in callbacks if isinstance(c, CrashCheckpoint)])
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, ValidateAtTheEnd()], logger=loggers or False,
                                      plugins=[checkpoint_io])
     if first:  # the first writes: everything above has loaded and been checked
-        claim_run_dir(output_dir, resume_from=cfg.ckpt_path)
-        zoo.io.atomic_write_text(output_dir / "tokenizer.json", datamodule.tokenizer.to_str(pretty=True))
-        zoo.io.atomic_write_text(output_dir / "config.yaml", task.run_info["config_yaml"])
-        if resume:
-            for logger in loggers:  # one metrics file per run: rows the interrupted attempt logged after
-                if isinstance(logger, CSVLogger):  # the checkpoint are logged again
-                    logger.resume_at(resume["global_step"])
+        claim_and_write(cfg, output_dir, datamodule, task, loggers, resume)
     relaunch_as_this_job()
 
     if cfg.train:
-        with interrupts_said(trainer, callbacks, output_dir):
+        with interrupts_said(trainer, callbacks, output_dir), own_checkpoints(resumed=bool(resume)):
             trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
         if not trainer.checkpoint_callbacks and not trainer.fast_dev_run:  # checkpointing off: the final state
             trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt", weights_only=False)  # all the same
@@ -112,7 +117,7 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     adapter = OmegaConf.to_container(cfg.adapter) if "adapter" in cfg else None
     task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
                        scheduler=scheduler, adapter=adapter, tokenizer_json=datamodule.tokenizer_json(),
-                       **datamodule.task_info(), _convert_="all")
+                       **datamodule.task_info(), _convert_="all", _recursive_=False)  # task.* are data
     task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
     task.specials = datamodule.specials_record()
     if start:
@@ -120,6 +125,29 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     if cfg.compile:
         task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
     return task
+
+
+def claim_and_write(cfg: DictConfig, output_dir: Path, datamodule: Any, task: Any, loggers: list[Any],
+                    resume: dict[str, Any] | None) -> None:
+    """Claim the run directory (held until training ends) and write what a run keeps beside its
+    checkpoints; a resumed run's metrics file loses the rows that the resume logs again."""
+    claim_run_dir(output_dir, resume_from=cfg.ckpt_path)
+    zoo.io.atomic_write_text(output_dir / "tokenizer.json", datamodule.tokenizer.to_str(pretty=True))
+    zoo.io.atomic_write_text(output_dir / "config.yaml", task.run_info["config_yaml"])
+    if resume:
+        for logger in loggers:  # one metrics file per run: rows the interrupted attempt logged from the
+            if isinstance(logger, CSVLogger):  # checkpoint's step on are logged again
+                logger.resume_at(resume["global_step"])
+
+
+@contextmanager
+def own_checkpoints(*, resumed: bool) -> Iterator[None]:
+    """Training, without Lightning's warning that a checkpoint folder "exists and is not empty" when
+    the run is resumed: the files there are its own (a new run's folder is always new)."""
+    with warnings.catch_warnings():
+        if resumed:
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        yield
 
 
 def train_or_resume(cfg: DictConfig) -> float | None:
@@ -240,9 +268,9 @@ def relaunch_as_this_job() -> None:
 
 def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg: zoo.ModelConfig, params: int,
               best_score: tuple[str, float] | None) -> None:
+    """The closing table, then the run directory and the best checkpoint as plain lines: whole at any
+    width (a table cell would cut them), to paste into the next command."""
     table = Table(title="zoo-train finished", show_header=False)
-    table.add_row("run directory", str(output_dir))
-    table.add_row("best checkpoint", best or "(none saved)")
     if best_score:
         table.add_row("best " + best_score[0], f"{best_score[1]:.4f}")
     table.add_row("model", describe_model(model_cfg, params))
@@ -252,6 +280,7 @@ def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg:
     if "perf/tokens_per_s" in metrics:  # to compare with the README's figures on another machine
         table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
     Console().print(table)
+    print(f"run directory:   {output_dir}\nbest checkpoint: {best or '(none saved)'}", flush=True)
 
 
 DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
