@@ -53,7 +53,7 @@ def load_pretrained(folder: str | Path, *, device: str | torch.device | None = N
     weights = folder / "model.safetensors"
     shapes = safetensors_shapes(weights)
     check_weights(cfg, shapes, source=str(weights))
-    model = _meta_model(cfg, str(weights))
+    model = meta_model(cfg, str(weights))
     _match(_tensor_groups(model), shapes, str(weights), exact=True)
     model.to_empty(device=device or "cpu")
     try:
@@ -116,9 +116,9 @@ def check_weights(cfg: ModelConfig, shapes: Shapes, *, source: str = "the weight
     be stored under one of their names (safetensors) or all of them (a state_dict)."""
     depths = [name for name in DEPTHS if getattr(cfg, name) is not None]
     shallow = cfg.replace(**dict.fromkeys(depths, 1))
-    groups = _tensor_groups(_meta_model(shallow, source))
+    groups = _tensor_groups(meta_model(shallow, source))
     _match(groups, shapes, source, exact=False)
-    per_layer = {name: len(_tensor_groups(_meta_model(shallow.replace(**{name: 2}), source))) - len(groups)
+    per_layer = {name: len(_tensor_groups(meta_model(shallow.replace(**{name: 2}), source))) - len(groups)
                  for name in depths}
     want = len(groups) + sum((getattr(cfg, name) - 1) * n for name, n in per_layer.items())
     duplicates = sum(max(0, sum(n in shapes for n in names) - 1) for names, _ in groups)
@@ -129,7 +129,7 @@ def check_weights(cfg: ModelConfig, shapes: Shapes, *, source: str = "the weight
                               f"the config and the weights come from different models: use the pair saved together")
 
 
-def _meta_model(cfg: ModelConfig, source: str) -> ZooModel:
+def meta_model(cfg: ModelConfig, source: str) -> ZooModel:
     """The model of ``cfg`` on the meta device (nothing allocated); sizes too large to describe
     at all (beyond int64) are a CheckpointError."""
     try:

@@ -15,6 +15,7 @@ and written with safetensors and JSON alone.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ from torch import nn
 from zoo.config import ModelConfig
 from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
 from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
-from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, write_json
+from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, tensor_headers, weight_files, write_json
 from zoo.hf.mapping import FAMILIES, Exporter, Family, HFClass, Importer
-from zoo.io import atomic_folder, atomic_write_with
-from zoo.models import ZooModel, build_model
+from zoo.io import CheckpointError, atomic_folder, atomic_write_with
+from zoo.models import ZooModel
+from zoo.pretrained import DEPTHS, meta_model
 from zoo.registry import ConfigError
 
 __all__ = ["FAMILIES", "Family", "family_class", "from_hf", "from_hf_config", "hf_exportable", "is_hf_folder",
@@ -64,29 +66,71 @@ def from_hf(source: nn.Module | str | os.PathLike) -> ZooModel:
     Bare models (``GPT2Model``, ``BertModel``, ``LlamaModel``...), LM models (``GPT2LMHeadModel``,
     ``BertForMaskedLM``, ``T5ForConditionalGeneration``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``)
     and task models wrapping those backbones are read; task heads are left out with a warning.
+
+    A folder is checked before a weight is read: config.json's values have transformers' types,
+    its index names only shards beside it, and every tensor's shape and dtype (from the safetensors
+    headers) fit the model config.json describes; else a CheckpointError names the file and field.
     """
     if isinstance(source, nn.Module):
-        hf_config, owner = source.config, type(source).__name__
-        tensors = dict(source.named_parameters(remove_duplicate=False))
         prefix = "" if getattr(source, "base_model", source) is source else source.base_model_prefix
-    else:
-        folder = resolve(source)
-        hf_config, owner, tensors = read_config(folder), str(folder), read_tensors(folder)
-        prefix = FAMILIES.get(hf_config.model_type).prefix if hf_config.model_type in FAMILIES else ""
-        prefix = prefix if prefix and any(n.startswith(f"{prefix}.") for n in tensors) else ""
-    cfg = from_hf_config(hf_config)
+        tensors = dict(source.named_parameters(remove_duplicate=False))
+        return _convert(source.config, tensors, prefix, type(source).__name__)
+    folder = resolve(source)
+    hf_config, files = read_config(folder), weight_files(folder)
+    headers, where = tensor_headers(files)
+    prefix = FAMILIES.get(hf_config.model_type).prefix
+    prefix = prefix if prefix and any(n.startswith(f"{prefix}.") for n in headers) else ""
+    fields = vars(hf_config)  # config.json over the family's defaults
+    with warnings.catch_warnings():  # the checking pass: its warnings are the loading pass's
+        warnings.simplefilter("ignore")
+        _convert(hf_config, headers, prefix, str(folder), fields=fields, files=where, load=False)
+    return _convert(hf_config, read_tensors(files, headers), prefix, str(folder), fields=fields, files=where)
+
+
+def _convert(hf_config: Any, tensors: dict[str, torch.Tensor], prefix: str, owner: str, *,
+             fields: dict[str, Any] | None = None, files: dict[str, str] | None = None,
+             load: bool = True) -> ZooModel:
+    """The zoo model of ``hf_config`` holding ``tensors`` (HF names), or, without ``load``, only the
+    checks (``tensors`` may be meta tensors)."""
+    cfg = _config(hf_config, owner, fields)
     family = FAMILIES.get(hf_config.model_type)
+    source = f"{owner}/config.json" if fields is not None else owner
+    for depth in DEPTHS:  # a layer count beyond the tensors held is refused before any model is built
+        n = getattr(cfg, depth)
+        if n is not None and n > len(tensors):
+            named = [f"{k}={v}" for k, v in (fields or {}).items() if v == n and "layer" in k] or [f"{depth}={n}"]
+            raise CheckpointError(f"{source}: {named[0]} describes more layers than the weights hold tensors "
+                                  f"({len(tensors)}); use the config.json saved with these weights")
+    expected = {name: tuple(t.shape) for name, t in meta_model(cfg, source).state_dict().items()}
     base = f"{prefix}." if prefix else ""
-    weights = Importer(tensors, base, owner)
+    weights = Importer(tensors, base, owner, expected=expected, fields=fields, files=files)
     cfg = family.weights(weights, cfg)
     weights.check_leftovers(family.backbone, family.ignored)
-    with torch.device("meta"):  # no allocation: the copied HF tensors become the parameters
-        model = build_model(cfg)
+    model = meta_model(cfg, source)  # no allocation: the copied HF tensors become the parameters
+    for name, tensor in model.state_dict().items():  # the heads the first model lacked
+        got = weights.out.get(name)
+        if got is not None and got.shape != tensor.shape:
+            raise CheckpointError(f"{owner}: the weights give {name} the shape {tuple(got.shape)} but config.json's "
+                                  f"sizes make it {tuple(tensor.shape)}; use the config.json saved with them")
+    if not load:
+        return model
     model.load_state_dict(weights.out, strict=True, assign=True)
     unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if unset:
         raise RuntimeError(f"zoo.from_hf left tensors without values: {unset[:5]}")
     return model.eval()
+
+
+def _config(hf_config: Any, owner: str, fields: dict[str, Any] | None) -> ModelConfig:
+    """:func:`from_hf_config`; for a folder (``fields`` given), a size no model can take is a
+    CheckpointError naming its config.json."""
+    if fields is None:
+        return from_hf_config(hf_config)
+    try:
+        return from_hf_config(hf_config)
+    except (TypeError, OverflowError, ConfigError) as error:
+        raise CheckpointError(f"{owner}/config.json: its sizes make no model ({error}); use the config.json saved "
+                              f"with these weights") from None
 
 
 def hf_exportable(cfg: ModelConfig) -> str:

@@ -21,6 +21,7 @@ from zoo.config import ModelConfig
 from zoo.io import CheckpointError
 from zoo.registry import Registry
 
+FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # what a weight may hold
 GELU = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}  # HF ACT2FN name -> gelu_approximate
 
 
@@ -98,42 +99,78 @@ class Mapper:
 
 class Importer(Mapper):
     """HF tensors (a model's parameters or a checkpoint's state dict) -> zoo's state dict in ``out``.
-    A tensor saved once for two names (tied weights) is found under either name."""
+    A tensor saved once for two names (tied weights) is found under either name.
+
+    Every tensor taken must be floating point and, where ``expected`` (zoo name -> shape, those of
+    the model the config describes) knows its zoo tensor, of that shape: else a CheckpointError
+    names the file holding it (``files``: HF name -> file; default ``owner``) and the config.json
+    fields (``fields``) whose value the shape disagrees with. The tensors may be meta tensors (read
+    from safetensors headers): then everything is checked before a weight is read."""
 
     importing = True
 
-    def __init__(self, tensors: Mapping[str, Tensor], base: str, owner: str) -> None:
+    def __init__(self, tensors: Mapping[str, Tensor], base: str, owner: str, *,
+                 expected: Mapping[str, tuple[int, ...]] | None = None, fields: Mapping[str, Any] | None = None,
+                 files: Mapping[str, str] | None = None) -> None:
         self.params, self.base, self.owner = dict(tensors), base, owner
+        self.expected, self.fields, self.files = dict(expected or {}), dict(fields or {}), dict(files or {})
         self.used: set[str] = set()
         self.out: dict[str, Tensor] = {}
 
-    def take(self, name: str) -> Tensor:
-        """A detached copy of tensor ``name`` (a full name, base prefix included)."""
+    def take(self, name: str, shape: Sequence[int] | None = None) -> Tensor:
+        """A detached copy of tensor ``name`` (a full name, base prefix included), checked to be
+        floating point and of ``shape`` (HF's layout) when given."""
         if name not in self.params:
             raise CheckpointError(f"zoo.from_hf: {self.owner} has no parameter {name!r}; the weights do not match "
                                   "its config.json")
+        tensor = self.params[name]
+        if tensor.dtype not in FLOATS:
+            raise CheckpointError(f"{self.files.get(name, self.owner)}: {name} holds {str(tensor.dtype)[6:]} values; "
+                                  f"a model's weights are floating point (float32, float16, bfloat16): the file is "
+                                  f"damaged or holds no weights")
+        if shape is not None and tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(self._misfit(name, tuple(tensor.shape), tuple(shape)))
         self.used.add(name)
-        return self.params[name].detach().clone()
+        return tensor.detach().clone()
+
+    def _want(self, zoo: str, transpose: bool = False) -> tuple[int, ...] | None:
+        shape = self.expected.get(zoo)
+        return shape[::-1] if shape is not None and transpose else shape
+
+    def _misfit(self, name: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
+        where = self.files.get(name, self.owner)
+        if len(got) == 2 and got == want[::-1]:
+            return (f"{where}: {name} is stored transposed (shape {got}; config.json's sizes make it {want}); the "
+                    f"file is damaged or was not written by transformers: use the folder's original weights")
+        differ = {w for g, w in zip(got, want, strict=False) if g != w} if len(got) == len(want) else set(want)
+        named = [f"{key}={value}" for key, value in self.fields.items()
+                 if type(value) is int and value in differ and not key.endswith("_token_id")]
+        by = f"config.json's {', '.join(named)}" if named else "config.json's sizes"
+        return (f"{where}: {name} has shape {got} but {by} make{'s' if len(named) == 1 else ''} it {want}; "
+                f"config.json and the weights come from different models: use the config.json saved with them")
 
     def tied(self, a: str, b: str) -> bool:
-        """Whether two parameters are one tensor (tied weights)."""
+        """Whether two parameters are one tensor (tied weights); meta tensors only when they are the same object."""
         pa, pb = self.params[a], self.params[b]
-        return pa is pb or (pa.data_ptr() == pb.data_ptr() and pa.shape == pb.shape)
+        return pa is pb or (not pa.is_meta and pa.data_ptr() == pb.data_ptr() and pa.shape == pb.shape)
 
     def copy(self, zoo: str, hf: str, *, bias: bool = False, transpose: bool = False) -> None:
-        weight = self.take(f"{hf}.weight")
+        weight = self.take(f"{hf}.weight", self._want(f"{zoo}.weight", transpose))
         self.out[f"{zoo}.weight"] = weight.t().contiguous() if transpose else weight
         if bias:
-            self.out[f"{zoo}.bias"] = self.take(f"{hf}.bias")
+            self.out[f"{zoo}.bias"] = self.take(f"{hf}.bias", self._want(f"{zoo}.bias"))
 
     def fuse(self, zoo: str, hfs: Sequence[str], *, bias: bool = False, sizes: Sequence[int] | None = None) -> None:
-        self.out[f"{zoo}.weight"] = torch.cat([self.take(f"{hf}.weight") for hf in hfs])  # (sum out, in)
-        if bias:
-            self.out[f"{zoo}.bias"] = torch.cat([self.take(f"{hf}.bias") for hf in hfs])
+        for suffix in ("weight", "bias") if bias else ("weight",):
+            whole = self._want(f"{zoo}.{suffix}")
+            rows = list(sizes) if sizes else [whole[0] // len(hfs)] * len(hfs) if whole else [None] * len(hfs)
+            parts = [self.take(f"{hf}.{suffix}", None if whole is None else (n, *whole[1:]))
+                     for hf, n in zip(hfs, rows, strict=True)]
+            self.out[f"{zoo}.{suffix}"] = torch.cat(parts)  # (sum out, in)
 
     def tensor(self, zoo: str, hf: Sequence[str]) -> None:
         present = [name for name in hf if name in self.params]
-        self.out[zoo] = self.take(present[0] if present else hf[0])
+        self.out[zoo] = self.take(present[0] if present else hf[0], self._want(zoo))
         self.used.update(present)  # the others are the same tensor under a tied name
 
     def has(self, hf: str, cfg_says: bool) -> bool:
@@ -156,24 +193,32 @@ class Importer(Mapper):
     def tied_head(self, hf: str, embedding: str, what: str) -> None:
         if hf not in self.params:  # saved once, under the embedding's name
             return
-        if not (self.tied(hf, embedding) or torch.equal(self.params[hf], self.params[embedding])):
-            raise ValueError(f"zoo.from_hf: {what} is not tied to the word embeddings; zoo's head always uses the "
-                             "embedding matrix")
+        a, b = self.params[hf], self.params[embedding]
+        if not (self.tied(hf, embedding) or a.is_meta or (a.shape == b.shape and torch.equal(a, b))):
+            raise CheckpointError(f"zoo.from_hf: {what} is not tied to the word embeddings; zoo's head always uses "
+                                  "the embedding matrix")
         self.used.add(hf)
 
     def check_leftovers(self, backbone: tuple[str, ...], ignored: tuple[str, ...]) -> None:
-        """Unused backbone tensors mean a feature zoo lacks (an error); unused ones outside the
-        backbone are a task head that zoo's library model leaves out (a warning)."""
-        taken = {(self.params[n].data_ptr(), self.params[n].shape) for n in self.used}
-        names = [n for n, t in self.params.items() if n not in self.used and (t.data_ptr(), t.shape) not in taken
+        """Unused backbone tensors mean a feature zoo lacks or a config.json that describes fewer
+        layers than the weights hold (an error); unused ones outside the backbone are a task head
+        that zoo's library model leaves out (a warning)."""
+        taken = {_identity(self.params[n]) for n in self.used}
+        names = [n for n, t in self.params.items() if n not in self.used and _identity(t) not in taken
                  and not n.endswith(ignored)]
         weights = [n for n in names if n.removeprefix(self.base).split(".")[0] in backbone]
         if weights:
-            raise ValueError(f"zoo.from_hf: {self.owner} has backbone weights zoo cannot place: {weights[:8]}")
+            raise CheckpointError(f"zoo.from_hf: {self.owner} has backbone weights zoo cannot place: {weights[:8]}; "
+                                  f"its config.json describes fewer layers or parts than the weights hold")
         if names:
             heads = sorted({n.rsplit(".", 1)[0] for n in names})
             warnings.warn(f"zoo.from_hf: {self.owner}'s task head ({', '.join(heads)}) is not part of zoo's "
                           "library model and was left out; tasks build their own heads", stacklevel=3)
+
+
+def _identity(tensor: Tensor) -> tuple[Any, ...]:
+    """What makes two names one tensor: the same storage and shape (a meta tensor is only itself)."""
+    return (id(tensor),) if tensor.is_meta else (tensor.data_ptr(), tuple(tensor.shape))
 
 
 class Exporter(Mapper):
