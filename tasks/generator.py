@@ -12,6 +12,7 @@ from torchmetrics.text import Perplexity
 
 import zoo
 from tasks.base import ZooTask
+from tasks.loggers import sample_block
 
 
 class GeneratorTask(ZooTask):
@@ -66,9 +67,14 @@ class GeneratorTask(ZooTask):
     def on_validation_epoch_end(self) -> None:
         if self.tokenizer_json is None or self.trainer.sanity_checking:
             return
-        text = self.generate_text(self.sample_prompt, self.sample_tokens, temperature=self.sample_temperature)
+        text = self.generate_text(self.sample_prompt, **self.generation_settings())
         self.samples.append(text)
-        self.log_text(f"[step {self.global_step}] sample: {text!r}")
+        self.log_text(sample_block(f"[step {self.global_step}] sample:", {"": text}))
+
+    def generation_settings(self) -> dict[str, Any]:
+        """The ``model.generate`` keywords of this task's validation samples, which ``zoo-export
+        format=hf`` writes into generation_config.json: sampled at ``sample_temperature``, unfiltered."""
+        return {"max_new_tokens": self.sample_tokens, "do_sample": True, "temperature": self.sample_temperature}
 
     @torch.no_grad()
     def generate_text(self, prompt: str, max_new_tokens: int, *, seed: int = 0, **kwargs: Any) -> str:

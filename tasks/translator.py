@@ -16,6 +16,7 @@ from torchmetrics.text import BLEUScore, CHRFScore
 import zoo
 from tasks.base import ZooTask
 from tasks.data.tokenizers import added_around
+from tasks.loggers import sample_block
 
 
 class TranslatorTask(ZooTask):
@@ -75,14 +76,20 @@ class TranslatorTask(ZooTask):
         sources = [self.tokenizer.decode(ids.tolist(), skip_special_tokens=True) for ids in batch["input_ids"]]
         self.samples = list(zip(sources, hypotheses, batch["references"], strict=True))[: self.n_samples]
         for src, hyp, ref in self.samples:
-            self.log_text(f"[step {self.global_step}] {src!r} -> {hyp!r} (reference {ref!r})")
+            self.log_text(sample_block(f"[step {self.global_step}] translation:",
+                                       {"source": src, "output": hyp, "reference": ref}))
+
+    def generation_settings(self) -> dict[str, Any]:
+        """The ``model.generate`` keywords this task translates with (validation, test, zoo-generate's
+        defaults), which ``zoo-export format=hf`` writes into generation_config.json."""
+        return {"max_new_tokens": self.max_new_tokens, "num_beams": self.num_beams,
+                "length_penalty": self.length_penalty}
 
     @torch.no_grad()
     def translate_ids(self, input_ids: Tensor, attention_mask: Tensor | None = None, **settings: Any) -> list[str]:
         """(B, S) source ids -> B translations. ``settings`` (num_beams, max_new_tokens, length_penalty)
         replace the task's own for this call."""
-        settings = {"max_new_tokens": self.max_new_tokens, "num_beams": self.num_beams,
-                    "length_penalty": self.length_penalty, **settings}
+        settings = {**self.generation_settings(), **settings}
         out = self.model.generate(input_ids, attention_mask=attention_mask, **settings)
         texts, eos = [], self.model.config.eos_token_id
         for row in out[:, 1:].tolist():  # drop the start token; cut at </s>

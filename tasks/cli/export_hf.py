@@ -1,12 +1,20 @@
 """``zoo-export format=hf``: a run as a folder that transformers' Auto classes load with no
 ``trust_remote_code`` (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, BertForMaskedLM,
-BertForSequenceClassification, T5ForConditionalGeneration), with its tokenizer files and, when
-transformers is installed, checked before the folder appears: logits on a padded batch within
-1e-4 of zoo's (fp32) and the same greedy tokens."""
+BertForSequenceClassification, T5ForConditionalGeneration), with its tokenizer files and, for a
+model that generates, the task's decoding settings in generation_config.json (``hf_generation``).
+When transformers is installed the folder is checked before it appears: logits on a padded batch
+within 1e-4 of zoo's (fp32), and the tokens transformers' ``generate`` decodes with the folder's own
+generation_config.json equal to the task's (``ZooModel.generate``), both stopping at EOS.
+
+What transformers cannot repeat: zoo's repetition penalty and n-gram ban read an encoder-decoder's
+target after its start token and never a prompt's padding, while transformers' processors read the
+whole decoder input (start token, left padding). With either control on, the two differ when the
+start or pad token is a candidate; the tasks decode with both off, which is what the folder carries."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -18,9 +26,10 @@ import zoo
 from tasks import ZooTask
 from tasks.data.tokenizers import ROLES
 from tasks.errors import UserError
+from zoo.io import atomic_write_text
 
 TOLERANCE = 1e-4
-NEW_TOKENS = 8
+SAMPLING = ("do_sample", "temperature", "top_k", "top_p")  # generation_config.json keys of sampling alone
 
 
 def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None:
@@ -30,16 +39,44 @@ def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None
     files = tokenizer_files(task)
     if card is not None:
         files["README.md"] = card
+    decoding = task.generation_settings() if type(task.model).decoding is not None else None
     found: dict[str, float] = {}
 
-    def check(folder: Path) -> None:
+    def finish(folder: Path) -> None:
+        """The task's decoding settings beside the token ids to_hf wrote, then the reload check."""
+        if decoding is not None:
+            path = folder / "generation_config.json"
+            atomic_write_text(path, _json({**json.loads(path.read_text()), **hf_generation(decoding)}))
         if importlib.util.find_spec("transformers") is not None:
             found["diff"] = check_reload(task, folder, architecture)
 
     architecture = zoo.hf.family_class(task.model.config, classifier=head is not None)  # refuses, naming why
     zoo.to_hf(task.model, out, classifier=head[0] if head else None, label_names=head[1] if head else None,
-              files=files, check=check)
+              files=files, check=finish)
     return found.get("diff")
+
+
+def hf_generation(settings: dict[str, Any]) -> dict[str, Any]:
+    """transformers' GenerationConfig fields for ``ZooModel.generate`` keywords ``settings`` (its
+    defaults for those left out). Each field is written only where the mode reads it, as transformers
+    validates them: ``length_penalty`` with beams, temperature, top-k and top-p with sampling (zoo's
+    beam search never samples; its stop is transformers' ``early_stopping=False``); top_k None is 0
+    and top_p None is 1 there (off), as transformers' own defaults (50, 1.0) would filter otherwise."""
+    given = {name: p.default for name, p in inspect.signature(zoo.ZooModel.generate).parameters.items()
+             if p.default is not inspect.Parameter.empty} | settings
+    beams = given["num_beams"]
+    sample = bool(given["do_sample"]) and given["temperature"] > 0 and beams == 1
+    out: dict[str, Any] = {"max_new_tokens": given["max_new_tokens"], "num_beams": beams, "do_sample": sample}
+    if beams > 1:
+        out |= {"length_penalty": given["length_penalty"], "early_stopping": False}
+    if sample:
+        out |= {"temperature": given["temperature"], "top_k": given["top_k"] or 0,
+                "top_p": 1.0 if given["top_p"] is None else given["top_p"]}
+    if given["repetition_penalty"] != 1.0:
+        out["repetition_penalty"] = given["repetition_penalty"]
+    if given["no_repeat_ngram_size"]:
+        out["no_repeat_ngram_size"] = given["no_repeat_ngram_size"]
+    return out
 
 
 def tokenizer_files(task: ZooTask) -> dict[str, str]:
@@ -79,7 +116,7 @@ def check_reload(task: ZooTask, folder: Path, architecture: str) -> float:
         raise UserError(f"format=hf: transformers' {architecture} computes other logits than the zoo model (max abs "
                         f"diff {diff:.3g} > {TOLERANCE}); nothing was written. Please report this composition")
     if type(model).decoding is not None:
-        _check_greedy(model, hf, inputs["input_ids"][1:], architecture)
+        _check_decoding(task, hf, folder, inputs, architecture)
     return diff
 
 
@@ -91,15 +128,32 @@ def _masked_diff(ours: Tensor, theirs: Tensor, mask: Tensor) -> float:
     return (ours - theirs).abs().max().item()
 
 
-def _check_greedy(model: zoo.ZooModel, hf: Any, prompt: Tensor, architecture: str) -> None:
-    ours = model.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=None)
+def _check_decoding(task: ZooTask, hf: Any, folder: Path, inputs: dict[str, Tensor], architecture: str) -> None:
+    """transformers' ``generate`` with the folder's generation_config.json against the task's settings
+    in ``ZooModel.generate``, both stopping at EOS and padding after it; a sampling task is compared
+    greedily (the two libraries draw differently). The prompts: the padded example batch for a form
+    that pads on the right (a source), its unpadded row for one that pads on the left; as many new
+    tokens as the positions leave room for."""
+    import transformers
+
+    model = task.model
+    steps = type(model).decoding
+    prompt, mask = (inputs["input_ids"], inputs["attention_mask"]) if not steps.left_pad else \
+        (inputs["input_ids"][1:], inputs["attention_mask"][1:])
+    settings = {**task.generation_settings(), "do_sample": False}
+    if model.max_positions is not None:
+        settings["max_new_tokens"] = min(settings["max_new_tokens"], model.max_positions - steps.held(prompt.shape[1]))
+    written = json.loads((folder / "generation_config.json").read_text())
+    hf.generation_config = transformers.GenerationConfig(**{
+        **{key: value for key, value in written.items() if key not in SAMPLING}, "do_sample": False,
+        "max_new_tokens": settings["max_new_tokens"]})
+    ours = model.generate(prompt, attention_mask=mask, **settings)
     with torch.no_grad():
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
-                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                             pad_token_id=model.config.pad_token_id)
+        theirs = hf.generate(prompt, attention_mask=mask)
     if ours.tolist() != theirs.tolist():
-        raise UserError(f"format=hf: transformers' {architecture} generates other greedy tokens than the zoo model "
-                        f"({theirs[0].tolist()} vs {ours[0].tolist()}); nothing was written. Please report this")
+        raise UserError(f"format=hf: transformers' {architecture} decodes other tokens than the zoo model with the "
+                        f"task's settings {settings} ({theirs[0].tolist()} vs {ours[0].tolist()}); nothing was "
+                        f"written. Please report this")
 
 
 def _json(values: dict[str, Any]) -> str:
