@@ -12,6 +12,7 @@ import itertools
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
+from rounding import assert_rounding_close
 from torch import Tensor
 
 import zoo
@@ -72,7 +73,7 @@ def test_flex_forward_equals_math(arch, mask, extra, position):
     with torch.no_grad():
         expected = math(**inputs)
         got = flex(**inputs)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_rounding_close(got, expected, math)
 
 
 def _self_attention_inputs(model: zoo.ZooModel) -> list[AttentionInputs]:
@@ -126,8 +127,7 @@ def test_prefix_len_as_an_int_and_per_row_give_math():
     ids = torch.randint(1, 61, (B, T))
     with torch.no_grad():
         for prefix_len in (4, torch.tensor([2, 7])):
-            torch.testing.assert_close(flex(ids, prefix_len=prefix_len), math(ids, prefix_len=prefix_len),
-                                       atol=1e-5, rtol=1e-5)
+            assert_rounding_close(flex(ids, prefix_len=prefix_len), math(ids, prefix_len=prefix_len), math)
 
 
 def test_flex_applies_only_on_cuda_to_a_full_forward_sdpa_cannot_fuse_without_dropout():
@@ -165,7 +165,7 @@ def test_auto_where_flex_applies_equals_math(arch, mask, extra, position, monkey
     auto, math = tiny_model(attention="auto", **overrides), tiny_model(attention="math", **overrides)
     seen = _self_attention_inputs(auto)
     with torch.no_grad():
-        torch.testing.assert_close(auto(**_inputs(arch, mask)), math(**_inputs(arch, mask)), atol=1e-5, rtol=1e-5)
+        assert_rounding_close(auto(**_inputs(arch, mask)), math(**_inputs(arch, mask)), math)
     assert all(i.flex is not None for i in seen)  # padding everywhere: sdpa would need a (T, T) tensor
 
 
@@ -175,7 +175,7 @@ def test_flex_without_padding_and_with_grouped_query_heads(position):
     flex, math = _pair(position=position, n_kv_heads=2)
     ids = torch.randint(1, 61, (B, T))
     with torch.no_grad():
-        torch.testing.assert_close(flex(ids), math(ids), atol=1e-5, rtol=1e-5)
+        assert_rounding_close(flex(ids), math(ids), math)
 
 
 def test_flex_refuses_attention_dropout_when_the_model_is_composed():

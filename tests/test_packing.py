@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rounding import assert_rounding_close
 from test_data import TEXTS
 from test_reliability import run
 from test_tasks import STEPS, TINY, compose_train
@@ -53,7 +54,7 @@ def test_a_packed_row_gives_each_documents_logits_alone(position, attention):
         packed = model(ids, document_ids=document_ids)  # (1, T, V)
         for span in _spans():
             alone = model(ids[:, span])
-            torch.testing.assert_close(packed[:, span], alone, atol=1e-5, rtol=0)
+            assert_rounding_close(packed[:, span], alone, model)
 
 
 @pytest.mark.parametrize("position", POSITIONS)
@@ -66,7 +67,7 @@ def test_a_change_in_one_document_leaves_the_next_unchanged(position):
         model = _model(position)
         before, after = model(ids, document_ids=document_ids), model(changed, document_ids=document_ids)
         assert not torch.allclose(before[:, first], after[:, first])
-        torch.testing.assert_close(after[:, second], before[:, second], atol=1e-5, rtol=0)
+        assert_rounding_close(after[:, second], before[:, second], model)
         causal = _model(position, mask="causal")  # the same check catches cross-talk
         assert not torch.allclose(causal(ids)[:, second], causal(changed)[:, second], atol=1e-5)
 
@@ -80,7 +81,7 @@ def test_two_rows_with_different_boundaries_in_one_batch():
         packed = model(ids, document_ids=document_ids)
         for b, row in enumerate(rows):
             for span in _spans(row):
-                torch.testing.assert_close(packed[b : b + 1, span], model(ids[b : b + 1, span]), atol=1e-5, rtol=0)
+                assert_rounding_close(packed[b : b + 1, span], model(ids[b : b + 1, span]), model)
 
 
 def test_document_positions_restart_at_each_document():
@@ -157,7 +158,7 @@ def test_a_packed_batch_through_the_document_model_matches_its_documents_alone(t
         for row, docs, logits in zip(batch["input_ids"], batch["document_ids"], packed, strict=True):
             for d in docs.unique():
                 where = docs == d
-                torch.testing.assert_close(logits[where], model(row[where][None])[0], atol=1e-5, rtol=0)
+                assert_rounding_close(logits[where], model(row[where][None])[0], model)
 
 
 def test_the_generator_task_hands_document_ids_to_the_model():
