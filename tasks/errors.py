@@ -3,6 +3,10 @@ zoo.CheckpointError) with one line that names the field or file and the fix, not
 
 from __future__ import annotations
 
+import errno
+import io
+import json
+
 
 class UserError(ValueError):
     """Something on the command line or in the user's files that cannot work; the message says
@@ -18,3 +22,82 @@ class DivergedError(RuntimeError):
     the weights are no point to resume from (no crash checkpoint is saved)."""
 
     resumable = False
+
+
+# ---- the machine's and the files' errors, as one line ---------------------------------------------
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+READ_ONLY = {errno.EROFS}
+NOT_PERMITTED = {errno.EACCES, errno.EPERM}
+WHERE = "paths.output_dir / hydra.run.dir, or out="
+OS_FIXES = {
+    errno.ENOTDIR: "a part of that path is a file, not a folder; choose another path",
+    errno.ENOENT: "no such file or folder; check the path",
+    errno.EISDIR: "it is a folder; give a file",
+    errno.EEXIST: "it exists already; choose a new name",
+    errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
+    errno.ELOOP: "its symbolic links point in a loop; fix them or choose another path",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n) or lower data.num_workers",
+    errno.ENFILE: "too many open files on this machine; close some programs or lower data.num_workers",
+}
+
+
+def os_error(error: OSError) -> UserError:
+    """The one line for an OSError of the machine (it has an errno): the path, what the system
+    said and what to do. A full disk and a folder that cannot be written keep the fix they had."""
+    path = error.filename
+    what = "a file" if path is None else f"{path} -> {error.filename2}" if error.filename2 is not None else f"{path}"
+    reason = error.strerror or str(error)
+    if error.errno in NO_SPACE:
+        return UserError(f"cannot write {what}: {reason}; free some space or choose another output folder")
+    if error.errno in READ_ONLY or (error.errno in NOT_PERMITTED and path is None):
+        return UserError(f"cannot write {what}: {reason}; choose a folder you can write ({WHERE})")
+    if error.errno in NOT_PERMITTED:
+        return UserError(f"{what}: {reason}; fix its permissions, or choose a folder you can write ({WHERE})")
+    fix = OS_FIXES.get(error.errno)
+    return UserError(f"{what}: {reason}" + (f"; {fix}" if fix else ""))
+
+
+def parse_error(error: BaseException) -> UserError | None:
+    """The one line for a file zoo (or Hydra) could not parse or decode: YAML, JSON, text that is
+    not UTF-8, naming the file (from the error, or the file open where it was raised) and the
+    place in it; None for an error of another kind."""
+    import yaml  # noqa: PLC0415  (only when an error is being described)
+
+    path = _file_being_read(error)
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        name = mark.name if mark is not None and not mark.name.startswith("<") else path or "a YAML file"
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(p) for p in (error.context, error.problem) if p)
+        return UserError(f"{name}{line}: not valid YAML ({problem}); fix it")
+    if isinstance(error, yaml.YAMLError):
+        return UserError(f"{path or 'a YAML file'}: not valid YAML ({_first_line(error)}); fix it")
+    if isinstance(error, json.JSONDecodeError):
+        return UserError(f"{path or 'a JSON file'} line {error.lineno}: not valid JSON ({error.msg}); fix it")
+    if isinstance(error, UnicodeDecodeError):
+        byte = error.object[error.start] if error.start < len(error.object) else None
+        at = f"byte {error.start}" + (f" (0x{byte:02x})" if byte is not None else "")
+        return UserError(f"{path or 'a file zoo read'}: {at} is not {error.encoding.upper()} text; save it as UTF-8 "
+                         f"text (e.g. iconv -f latin1 -t utf-8) or give another file")
+    if isinstance(error, UnicodeEncodeError):
+        return UserError(f"{path or 'the output'}: {error.object[error.start:error.end]!r} cannot be written as "
+                         f"{error.encoding} ({error.reason}); use a UTF-8 locale or PYTHONIOENCODING=utf-8")
+    return None
+
+
+def _file_being_read(error: BaseException) -> str | None:
+    """The name of the innermost open file among the frames ``error`` passed through, if any."""
+    frames, tb = [], error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__

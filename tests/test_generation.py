@@ -136,3 +136,13 @@ def test_learned_positions_stop_generation_at_the_table_with_a_warning():
     with pytest.warns(zoo.generation.GenerationLimitWarning, match="stopped after 4 of max_new_tokens=8"):
         out = model.generate(torch.zeros(1, 6, dtype=torch.long), max_new_tokens=8, eos_token_id=None)
     assert out.shape == (1, 10)
+
+
+def test_more_beams_than_distinct_continuations_are_refused():
+    model = tiny_model(vocab_size=4, pad_token_id=0)
+    src = torch.tensor([[1, 3, 2]])
+    assert model.generate(src, max_new_tokens=2, num_beams=16, eos_token_id=None).shape == (1, 5)  # 4 ** 2 = 16
+    with pytest.raises(zoo.ConfigError, match=r"num_beams=17 is more than the 16 distinct continuations of 2 new"):
+        model.generate(src, max_new_tokens=2, num_beams=17, eos_token_id=None)
+    with pytest.raises(zoo.ConfigError, match=r"num_beams=1000000000 "):  # refused before anything is allocated
+        tiny_model().generate(src, max_new_tokens=3, num_beams=10**9)

@@ -13,6 +13,7 @@ from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_st
 from zoo.io import CheckpointError, atomic_save, atomic_write, load_weights_file
 from zoo.kv_cache import Cache, KVCache
 from zoo.losses import chunked_cross_entropy
+from zoo.measuring import Measured, measured
 from zoo.models import (
     DecoderModel,
     EncoderDecoderModel,
@@ -40,6 +41,7 @@ __all__ = [
     "GGUFContents",
     "HeadStats",
     "KVCache",
+    "Measured",
     "ModelConfig",
     "ModelStats",
     "Registry",
@@ -64,6 +66,7 @@ __all__ = [
     "list_models",
     "load_weights_file",
     "load_pretrained",
+    "measured",
     "position_limit",
     "quantize",
     "read_gguf",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from zoo.kv_cache import value_bytes
 from zoo.logits import RepeatControls
+from zoo.measuring import count_generated
 from zoo.position import position_limit
 from zoo.registry import ARCH, ConfigError
 
@@ -101,6 +103,16 @@ def check_sampling(*, temperature: float, top_k: int | None, top_p: float | None
         raise ConfigError(f"no_repeat_ngram_size={size!r} must be a whole number >= 0 (0: off)")
 
 
+def _check_beams(num_beams: int, vocab_size: int, new: int) -> None:
+    """A ConfigError for more beams than there are distinct continuations of ``new`` tokens: the
+    beams beyond them repeat others, and a huge count only runs long."""
+    if num_beams > 1 and new > 0 and new * math.log(vocab_size) < math.log(num_beams):
+        most = vocab_size**new
+        raise ConfigError(f"num_beams={num_beams} is more than the {most} distinct continuations of {new} new tokens "
+                          f"over the model's {vocab_size}-token vocabulary: the other beams cannot be distinct; use at "
+                          f"most {most} (4 to 8 is usual)")
+
+
 def _check_counts(max_new_tokens: int, num_beams: int) -> None:
     for name, value, least in (("max_new_tokens", max_new_tokens, 0), ("num_beams", num_beams, 1)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
@@ -133,7 +145,8 @@ class GenerationMixin:
             top_p: nucleus sampling, in (0, 1]; 1 or None: no nucleus filter.
             eos_token_id: stop a sequence at this token; -1 (default) means ``config.eos_token_id``,
                 None never stops early. Finished sequences are padded with ``pad_token_id``.
-            num_beams: >= 1; > 1 runs beam search (scores divided by length**length_penalty).
+            num_beams: >= 1, at most the distinct continuations (vocabulary size ** new tokens); > 1
+                runs beam search (scores divided by length**length_penalty).
             repetition_penalty: > 0, 1 is off: every token already in the sequence has a positive logit
                 divided by it and a negative one multiplied (CTRL; > 1 discourages repeats). The sequence
                 is a decoder's prompt and continuation, an encoder-decoder's target after its start
@@ -166,11 +179,14 @@ class GenerationMixin:
         ids, mask = _prompts(input_ids, attention_mask, pad, steps_cls.left_pad, device)
         start = steps_cls.held(ids.shape[1])  # tokens the output holds before the new ones
         new = self._room(ids.shape[1], start, max_new_tokens, steps_cls.prompt)
+        _check_beams(num_beams, cfg.vocab_size, new)
         self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
         caching = "static" if compile else "dynamic" if use_cache else None
+        started = time.perf_counter()
         out = self._decode(steps_cls, ids, mask, new, num_beams=num_beams, caching=caching, eos=eos, pad=pad,
                            length_penalty=length_penalty, repeats=repeats, do_sample=do_sample,
                            temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        count_generated((out.shape[1] - start) * out.shape[0], time.perf_counter() - started)
         if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
             warnings.warn(f"generation stopped after {new} of max_new_tokens={max_new_tokens} new tokens: the model "
                           f"numbers at most {self.max_positions} positions (max_seq_len) and {steps_cls.holds} took "

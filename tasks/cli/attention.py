@@ -44,7 +44,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 import zoo
-from tasks.cli.common import conf_dir, literal, load_task, quote_free_text, user_errors
+from tasks.cli.common import conf_dir, hydra_errors, literal, load_task, quote_free_text, user_errors
 from tasks.errors import UserError
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, layers_by_kind
 
@@ -361,6 +361,7 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     return summary
 
 
+@hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="attention")
 def attention_maps(cfg: DictConfig) -> dict[str, object]:
     return attention_report(cfg, Path(HydraConfig.get().runtime.output_dir))

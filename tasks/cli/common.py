@@ -1,21 +1,17 @@
-"""What the console verbs share: where conf/ is, the typed model schema, reading checkpoints, and
-how a verb ends on a user's mistake (one line, no traceback)."""
+"""What the console verbs share: where conf/ is, the typed model schema, reading checkpoints; how a
+verb ends on a user's mistake (one line, no traceback) is tasks/cli/boundary.py, re-exported here."""
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import functools
 import inspect
 import logging
 import math
 import re
-import sys
 import typing
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -25,11 +21,9 @@ import zoo
 from tasks import TASKS, ZooTask
 from tasks.base import no_base_error
 from tasks.checkpoints import with_base
+from tasks.cli.boundary import USER_ERRORS, fail, hydra_errors, user_errors
 from tasks.data import DATA_MODULES, TextDataModule
-from tasks.errors import DivergedError, UserError
-
-USER_ERRORS = (zoo.ConfigError, zoo.CheckpointError, UserError)
-"""Exceptions whose message is the whole story: a verb prints it in one line and exits 2."""
+from tasks.errors import UserError
 
 RAISE_ERRORS_ENV = "ZOO_RAISE_ERRORS"
 """Set (non-empty) by a sweeper that records each job's error itself: zoo-train lets the exception
@@ -263,8 +257,13 @@ def data_module(info: dict[str, Any], task: ZooTask, **overrides: Any) -> TextDa
     if unknown:
         raise UserError(f"data.{unknown[0]} is not a setting of the checkpoint's data ({cls.__name__}); its settings: "
                         f"{', '.join(sorted(info['data']))}")
+    settings = {**info["data"], **overrides}
+    limit = task.model.max_positions
+    if isinstance(settings.get("seq_len"), int) and limit is not None and settings["seq_len"] > limit:
+        raise UserError(f"data.seq_len={settings['seq_len']} is longer than the model's position table "
+                        f"(max_seq_len={limit}); give at most data.seq_len={limit}")
     try:
-        dm = cls(**{**info["data"], **overrides})
+        dm = cls(**settings)
     except (TypeError, ValueError) as error:
         raise zoo.CheckpointError(f"the checkpoint's data settings do not fit {cls.__name__} ({error})") from None
     dm.tokenizer = task.tokenizer
@@ -292,47 +291,6 @@ def _quoted(text: str) -> str:
     return f"'{text}'"
 
 
-def fail(error: BaseException, code: int = 2) -> typing.NoReturn:
-    """End the verb with one line on stderr: ``zoo: <kind>: <message>``."""
-    print(f"zoo: {type(error).__name__}: {error}", file=sys.stderr)
-    sys.exit(code)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
-NO_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-def user_errors(fn: F) -> F:
-    """Decorate a verb: a user's mistake (USER_ERRORS), a diverged training run, Ctrl-C, a full disk or
-    a folder it may not write end it with one line and an exit code (2 for a mistake; 130 for Ctrl-C;
-    1 for the rest), not a traceback.
-    Everything else is a bug in zoo and keeps its traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except USER_ERRORS as error:
-            fail(error)
-        except DivergedError as error:
-            fail(error, code=1)
-        except KeyboardInterrupt as interrupt:
-            print(f"zoo: interrupted{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
-            sys.exit(130)
-        except OSError as error:
-            if error.errno in NO_SPACE:
-                fail(UserError(f"cannot write {error.filename or 'a file'}: {error.strerror}; free some space or "
-                               f"choose another output folder"), code=1)
-            if error.errno in NO_WRITE and error.filename:
-                fail(UserError(f"cannot write {error.filename}: {error.strerror}; choose a folder you can write "
-                               f"(paths.output_dir / hydra.run.dir, or out=)"), code=1)
-            raise
-
-    return typing.cast(F, wrapper)
-
-
 def quiet_libraries() -> None:
     """Hide what libraries print that a user cannot act on: Lightning's tip to install its cloud
     logger, and a deprecation inside Lightning's own pytree helper."""
@@ -350,3 +308,6 @@ def literal(cfg: DictConfig, key: str) -> str | None:
     if value is None:
         return None
     return re.sub(r"(\\*)\$\{", lambda m: "\\" * (len(m.group(1)) // 2) + "${", str(value))
+
+
+__all__ = ["USER_ERRORS", "fail", "hydra_errors", "user_errors"]  # tasks.cli.boundary's, for the verbs

@@ -18,6 +18,7 @@ from tasks.cli.common import (
     conf_dir,
     data_module,
     for_inference,
+    hydra_errors,
     load_task,
     quiet_libraries,
     user_errors,
@@ -26,6 +27,7 @@ from tasks.errors import UserError
 from zoo.io import atomic_write_text
 
 
+@hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
 @user_errors
 def main(cfg: DictConfig) -> dict[str, float]:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 import zoo
 from tasks import ZooTask
 from tasks.cli.card import model_card
-from tasks.cli.common import conf_dir, quiet_libraries, task_and_checkpoint, user_errors
+from tasks.cli.common import conf_dir, hydra_errors, quiet_libraries, task_and_checkpoint, user_errors
 from tasks.cli.export_hf import export_hf
 from tasks.errors import UserError
 from zoo.attention import Attention
@@ -254,6 +254,7 @@ def hf_verb(task: ZooTask, checkpoint: dict[str, Any], out: Path, command: str) 
 
 
 # ---- the verb -----------------------------------------------------------------------------------
+@hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="export")
 @user_errors
 def main(cfg: DictConfig) -> float:

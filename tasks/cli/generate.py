@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.common import conf_dir, for_inference, literal, load_task, quote_free_text, user_errors
+from tasks.cli.common import conf_dir, for_inference, hydra_errors, literal, load_task, quote_free_text, user_errors
 from tasks.errors import UserError
 from zoo.generation import GenerationLimitWarning, PromptError
 
@@ -57,6 +57,7 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
         raise UserError(f"prompt=: {error}") from None
 
 
+@hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="generate")
 @user_errors
 def main(cfg: DictConfig) -> str:
@@ -70,7 +71,7 @@ def main(cfg: DictConfig) -> str:
     for_inference(task, cfg)  # quantize= / kv_cache=
     if task.tokenizer_json is None:
         raise zoo.CheckpointError(f"{cfg.ckpt_path} holds no tokenizer; pass a checkpoint that zoo-train wrote")
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, zoo.measured() as speed:
         warnings.simplefilter("always", GenerationLimitWarning)
         text = respond(task, info["task"], cfg)
     print(text)
@@ -79,7 +80,18 @@ def main(cfg: DictConfig) -> str:
             print(f"zoo: warning: {warning.message}", file=sys.stderr)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    if speed.tokens:
+        print(speed_line(speed, compiled=cfg.compile), file=sys.stderr)
     return text
+
+
+def speed_line(speed: zoo.Measured, *, compiled: bool) -> str:
+    """How fast the answer was decoded, for comparing ``quantize=``, ``kv_cache=`` and ``compile=``."""
+    line = f"zoo: {speed.tokens} new tokens in {speed.seconds:.2f} s ({speed.tokens_per_s:,.1f} tokens/s)"
+    if compiled:
+        line += ("; compile=true: this includes compiling the decoding step, which pays back only over many "
+                 "tokens in one process (a benchmark or a server), not in one short call")
+    return line
 
 
 def cli() -> None:

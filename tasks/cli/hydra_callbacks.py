@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -23,7 +24,11 @@ class FreshRunDir(Callback):
     ``ckpt_path``); Hydra's record of a resumed run's command then goes to ``.hydra/resume``
     (``_2``, …) beside the record of the command that started it, which is kept. A folder holding
     only what a command that failed at once left (``.hydra/``, its log) is taken too, with this
-    command's record in ``.hydra/retry``.
+    command's record in ``.hydra/retry``. A chosen directory that does not exist is created here.
+
+    The directory this callback created (the default one, or a chosen one that did not exist) is
+    this run's own: a verb that ends on a mistake removes it while it holds only what Hydra wrote
+    (``discard_own_run_dir``), so that a refused command leaves no empty run behind.
     """
 
     def __init__(self, resume_key: str | None = None, run_key: str | None = None) -> None:
@@ -39,15 +44,22 @@ class FreshRunDir(Callback):
         chosen = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in hydra.overrides.hydra)
         folder = Path(str(hydra.run.dir)).expanduser()
         try:
-            if chosen:
+            if chosen and os.path.lexists(folder):
                 self.check_chosen(config, folder)
+            elif chosen:
+                folder.mkdir(parents=True)
+                OWN_RUN_DIR[:] = [folder.resolve()]
             else:
                 fresh = claim_fresh(folder)
+                OWN_RUN_DIR[:] = [fresh.resolve()]
                 if fresh != folder:
                     set_hydra(config, "run.dir", str(fresh))
         except OSError as error:
             _exit(f"cannot create the run directory {error.filename or folder}: {error.strerror}; choose a folder "
                   f"you can write with hydra.run.dir=", code=1)
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        OWN_RUN_DIR.clear()  # the run is over: its directory is no longer a candidate for removal
 
     def continue_run(self, config: DictConfig, given: str) -> None:
         """``resume=<run dir>``: this command runs in that directory, its record in ``.hydra/resume``."""
@@ -81,6 +93,42 @@ class FreshRunDir(Callback):
         names = sorted(p.name for p in folder.iterdir())
         _exit(f"hydra.run.dir={folder} is not empty ({', '.join(names[:4])}{' …' if len(names) > 4 else ''}); "
               f"choose a new or empty folder, or leave hydra.run.dir at its default")
+
+
+OWN_RUN_DIR: list[Path] = []
+"""The run directory FreshRunDir created in this process for the run under way (none or one)."""
+HYDRA_RECORDS = {"config.yaml", "hydra.yaml", "overrides.yaml"}  # what Hydra writes into <run>/.hydra/
+
+
+def discard_own_run_dir() -> None:
+    """Remove the directory FreshRunDir created for this run when it holds only what Hydra wrote into
+    it (``.hydra/`` with its three records, the job's ``.log``): a refused command leaves no empty run.
+    Anything else in it (a checkpoint, a file of the user's) keeps the whole directory; nothing is
+    removed in a directory this process did not create, nor in another run's (the output directory
+    Hydra reports must be this one)."""
+    if not OWN_RUN_DIR:
+        return
+    folder = OWN_RUN_DIR.pop()
+    if HydraConfig.initialized() and Path(HydraConfig.get().runtime.output_dir).resolve() != folder:
+        return
+    hydra_dir, records, logs = folder / ".hydra", [], []
+    try:
+        for entry in folder.iterdir():
+            if entry == hydra_dir and entry.is_dir() and not entry.is_symlink():
+                records = list(entry.iterdir())
+            elif entry.suffix == ".log" and entry.is_file() and not entry.is_symlink():
+                logs.append(entry)
+            else:
+                return  # something besides Hydra's files: the directory stays whole
+        if any(p.is_symlink() or not p.is_file() or p.name not in HYDRA_RECORDS for p in records):
+            return
+        for path in [*records, *logs]:
+            path.unlink()
+        if hydra_dir.is_dir():
+            hydra_dir.rmdir()
+        folder.rmdir()
+    except OSError:  # it changed meanwhile, or cannot be removed: it stays
+        return
 
 
 def set_hydra(config: DictConfig, key: str, value: str) -> None:

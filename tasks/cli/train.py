@@ -34,6 +34,7 @@ from tasks.cli.common import (
     RAISE_ERRORS_ENV,
     check_composition,
     conf_dir,
+    hydra_errors,
     quiet_libraries,
     read_checkpoint,
     register_configs,
@@ -309,6 +310,7 @@ def main() -> float | None:
     return run()
 
 
+@hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def run(cfg: DictConfig) -> float | None:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs

@@ -35,7 +35,7 @@ from tasks.data.loading import (
     ShuffledBatchSampler,
     world_rank,
 )
-from tasks.data.sources import load_records, split_of
+from tasks.data.sources import check_texts, load_records, split_of
 from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, with_cls_sep
 from tasks.errors import DataError
 
@@ -88,6 +88,7 @@ class TextDataModule(L.LightningDataModule):
         if self.datasets:
             return
         records = load_records(self.source, needs=self.fields, **self.source_args)
+        check_texts(records, self.texts, self.source, self.source_args)
         if self.max_records is not None:
             records = sorted(records, key=lambda r: split_of(str(r["key"]), 0.0, 0.0) + str(r["key"]))
             random.Random(self.seed).shuffle(records)

@@ -159,6 +159,21 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     return records
 
 
+def check_texts(records: list[dict[str, Any]], texts: Callable[[dict[str, Any]], list[str]], source: str,
+                source_args: dict[str, Any]) -> None:
+    """A DataError at the first record whose texts (``texts(record)``: what the tokenizer reads) are not
+    all strings: a number, a list or an object in a JSON Lines file."""
+    for i, record in enumerate(records):
+        bad = next((text for text in texts(record) if not isinstance(text, str)), None)
+        if bad is None:
+            continue
+        field = next(k for k, v in record.items() if v is bad)
+        where = f"data.source_args.path={source_args['path']}" if "path" in source_args else f"data.source={source}"
+        raise DataError(f"{where}: record {i} (key {str(record.get('key'))[:80]!r}) has {field!r} = {str(bad)[:40]} "
+                        f"(of type {type(bad).__name__}), not text; make every {field!r} a string (in JSON: \"...\") "
+                        f"or remove the record")
+
+
 def _takes_any(function: Callable[..., Any]) -> bool:
     """Whether the source takes any keyword (the column renames of local and hub)."""
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
