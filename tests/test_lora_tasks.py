@@ -63,3 +63,13 @@ def test_a_classifier_head_trains_beside_the_adapters(tmp_path):
     assert all(p.requires_grad for p in task.head.parameters())
     assert not any(p.requires_grad for n, p in task.model.named_parameters() if "lora_" not in n)
     assert any(p.requires_grad for n, p in task.model.named_parameters() if "lora_" in n)
+
+
+def test_an_adapter_without_init_from_says_that_its_frozen_base_is_random(tmp_path, capsys):
+    from tasks.cli.common import check_composition
+
+    check_composition(compose_train("gpt_generator", tmp_path, "adapter=lora"))
+    assert "zoo: warning: the adapter trains beside a frozen model with random weights" in capsys.readouterr().err
+    for quiet in (["adapter=lora", "init_from=base.ckpt"], ["adapter=none"]):
+        check_composition(compose_train("gpt_generator", tmp_path, *quiet))
+        assert capsys.readouterr().err == ""

@@ -217,7 +217,10 @@ def _matching_parameters(model: nn.Module, patterns: Sequence[str]) -> list[nn.P
 
 
 class Adapter:
-    """An adapter family: how it changes a model for fine-tuning (in place)."""
+    """An adapter family: how it changes a model for fine-tuning (in place). ``freezes_base``: the
+    model's own weights stay as loaded, so they should be pretrained ones."""
+
+    freezes_base = False
 
     @classmethod
     def apply(cls, model: nn.Module, cfg: AdapterConfig) -> None:
@@ -236,6 +239,8 @@ class NoAdapter(Adapter):
 @ADAPTERS.register("lora")
 class LoRA(Adapter):
     """Low-rank updates of the target layers; every other parameter frozen but ``trainable``'s."""
+
+    freezes_base = True
 
     @classmethod
     def apply(cls, model: nn.Module, cfg: AdapterConfig) -> None:

@@ -8,6 +8,7 @@ import inspect
 import logging
 import math
 import re
+import sys
 import typing
 import warnings
 from pathlib import Path
@@ -114,6 +115,11 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
     based = cfg.get("init_from") or cfg.get("ckpt_path")
     if OmegaConf.select(cfg, "adapter.save", default="full") == "only" and not based:
         raise no_base_error("no init_from")  # a resumed checkpoint may name one: the task checks it once read
+    adapter = OmegaConf.select(cfg, "adapter.name", default="none")
+    if zoo.adapters.ADAPTERS.get(adapter, field="adapter").freezes_base and not based:
+        print("zoo: warning: the adapter trains beside a frozen model with random weights (no init_from=): nothing "
+              "pretrained is adapted; give init_from=<checkpoint, HF folder or GGUF file>, or drop adapter=",
+              file=sys.stderr)
     if cfg.data.get("packing") == "documents" and not zoo.mask.MASK.get(model.resolved_mask).documents:
         raise zoo.ConfigError(f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
                               f"does not read; add model/mask=document (or use data.packing=concat)")
