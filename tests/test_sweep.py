@@ -272,3 +272,54 @@ def test_a_pruned_ddp_trial_ends_every_process_cleanly(tmp_path):
                  .read_text().splitlines()[1:]]
         assert max(int(s) for s in steps if s) < 5  # stopped before the last step
     assert sorted(p.name for p in tmp_path.iterdir()) == ["optuna.db", "sweep", "sweep.log"]  # rank 1 made no run
+
+
+def _launch_lines(output: str) -> list[str]:
+    """The line Hydra's launcher prints for each job (``#<n> : <overrides>``)."""
+    return [line for line in output.splitlines() if "[HYDRA] \t#" in line]
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_ends_on_its_best_trial_and_launch_lines_show_only_the_users_overrides(
+        tmp_path, monkeypatch, capfd):
+    """Three trials asked at once (n_jobs=3), the middle one not composing (n_layers=four): the jobs launch as
+    #0 and #2, each learns its own trial from its job number (it reports its validation to that trial), none
+    shows the sweeper's environment overrides, and the sweep ends on its best trial."""
+    monkeypatch.chdir(tmp_path)
+    storage, sweep = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "sweep"
+    _in_process([*TINY, "trainer.max_steps=3", "hydra/sweeper=zoo_optuna", "hydra.sweeper.sampler=grid",
+                 "hydra.sweeper.seed=0", "hydra.sweeper.n_jobs=3", "model.n_layers=choice(1, four, 2)",
+                 f"hydra.sweeper.storage={storage}", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    output = capfd.readouterr().out
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    assert [t.params["model.n_layers"] for t in study.trials] == [2, "four", 1]  # the seed puts it in the middle
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    lines = _launch_lines(output)
+    assert [line.split("#")[1].split(" :")[0] for line in lines] == ["0", "2"]
+    assert all("env_set" not in line and "ZOO_" not in line for line in lines), lines
+    assert all(line.endswith(f"model.n_layers={t.params['model.n_layers']}")
+               for line, t in zip(lines, [study.trials[0], study.trials[2]], strict=True))
+    for trial in (study.trials[0], study.trials[2]):
+        assert Path(trial.user_attrs[JOB_DIR]) == sweep / str(trial.number)  # its job folder, by its number
+        assert list(trial.intermediate_values) == [3]  # the job reported to its own trial
+    best = study.best_trial
+    tail = output.rstrip().splitlines()[-4:]
+    assert tail[0] == f"sweep finished: 3 trials (2 COMPLETE, 1 FAIL) in {sweep}"
+    assert tail[1] == (f"best trial: {best.number}, val/loss = {best.value:.6g} (lowest), with "
+                       f"model.n_layers={best.params['model.n_layers']}")
+    assert tail[2] == f"its run directory: {sweep / str(best.number)}"
+    assert tail[3] == f"every trial, and plots: zoo-sweep-report {sweep}"
+
+
+@pytest.mark.slow
+def test_a_grid_multirun_ends_on_its_best_trial(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    _in_process([*TINY, "trainer.max_steps=3", "model.n_layers=1,2", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    output = capfd.readouterr().out
+    losses = {job: sweep_report.logged(sweep / job, "val/loss")[0][-1] for job in ("0", "1")}
+    best = min(losses, key=losses.get)
+    tail = output.rstrip().splitlines()[-4:]
+    assert tail[0] == f"sweep finished: 2 trials (2 COMPLETE) in {sweep}"
+    assert tail[1] == f"best trial: {best}, val/loss = {losses[best]:.6g} (lowest), with model.n_layers={int(best) + 1}"
+    assert tail[2] == f"its run directory: {sweep / best}"

@@ -2,11 +2,12 @@
 trial from, and the user attributes the sweeper writes into an Optuna study and its trials. Defined
 here once; the report reads what the sweeper wrote by these same names."""
 
-# How a job learns that it is an Optuna trial (set per job through ``hydra.job.env_set``, so it
-# reaches jobs of any launcher, and the DDP processes Lightning starts from a job, unchanged). Beside
-# them the sweeper sets zoo-train's generic tasks.cli.common.RAISE_ERRORS_ENV: a job's error reaches
-# the sweeper, which records it as the trial's failure.
+# How a job learns that it is an Optuna trial: callbacks.TrialOfTheJob sets these in the job's process
+# (from the sweep directory's RESULTS and the job's number), and the DDP processes Lightning starts from
+# the job inherit them. RAISE_ERRORS_ENV (zoo-train's, read by tasks.cli.train): the job's error reaches
+# the sweeper, which records it as the trial's failure, instead of ending in one line.
 STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "ZOO_OPTUNA_STORAGE", "ZOO_OPTUNA_STUDY", "ZOO_OPTUNA_TRIAL"
+RAISE_ERRORS_ENV = "ZOO_RAISE_ERRORS"
 
 RESULTS = "optimization_results.yaml"  # in the sweep directory: the study it belongs to, its best trial, counts
 

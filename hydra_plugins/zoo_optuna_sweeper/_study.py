@@ -32,12 +32,8 @@ from hydra_plugins.zoo_optuna_sweeper._names import (
     PRUNER,
     RESULTS,
     RETRY_OF,
-    STORAGE_ENV,
-    STUDY_ENV,
-    TRIAL_ENV,
 )
 from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
-from tasks.cli.common import RAISE_ERRORS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +89,10 @@ class Pruned(optuna.TrialPruned):
 class PrunedOnARankAbove0(Pruned):
     """The trial was pruned, seen from a DDP process that Lightning started for a trial's job: the
     job's own process (rank 0) tells the sweeper. ``exit_quietly``: the verb ends this process
-    cleanly (see tasks.cli.common.RAISE_ERRORS_ENV), as Lightning kills the job's process when one
+    cleanly (see _names.RAISE_ERRORS_ENV), as Lightning kills the job's process when one
     of the processes it started fails."""
 
     exit_quietly = True
-
-
-def quoted(text: str) -> str:
-    """A string as a single-quoted value of Hydra's override grammar."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class OptunaSweep:
@@ -245,23 +236,24 @@ class OptunaSweep:
             study.enqueue_trial(trials[number].params, user_attrs={RETRY_OF: number})
 
     def launch(self, study: optuna.Study, space: SearchSpace, batch: list[optuna.trial.Trial]) -> list[JobReturn]:
-        """Launch the batch's trials and tell Optuna how each ended."""
-        legal = []
+        """Launch the batch's trials and tell Optuna how each ended. A job's number is its trial's
+        (its folder is ``<sweep dir>/<trial number>``, and callbacks.TrialOfTheJob finds the trial by
+        it): trials with consecutive numbers launch together, a gap (a trial that did not compose)
+        starts another launch."""
+        legal: list[tuple[optuna.trial.Trial, list[str]]] = []
         for trial in batch:
-            identity = {STORAGE_ENV: self.storage_url, STUDY_ENV: study.study_name, TRIAL_ENV: str(trial.number),
-                        RAISE_ERRORS_ENV: "1"}  # the job's error is the trial's failure, told here
-            job = [*space.overrides(trial.params),
-                   *(f"++hydra.job.env_set.{k}={quoted(v)}" for k, v in identity.items())]
+            job = list(space.overrides(trial.params))
             try:
                 self.hydra_context.config_loader.load_sweep_config(self.config, job)  # does it compose?
                 legal.append((trial, job))
             except Exception as error:  # e.g. a typed config field refusing a sampled value
                 fail(study, trial, error)
         returns: list[JobReturn] = []
-        if legal:
-            returns = list(self.launcher.launch([job for _, job in legal], initial_job_idx=legal[0][0].number))
-        for (trial, _), job_return in zip(legal, returns, strict=True):
-            tell(study, trial, job_return)
+        for run in consecutive(legal):
+            done = list(self.launcher.launch([job for _, job in run], initial_job_idx=run[0][0].number))
+            for (trial, _), job_return in zip(run, done, strict=True):
+                tell(study, trial, job_return)
+            returns.extend(done)
         return returns
 
     def write_results(self, study: optuna.Study, n_trials: int) -> None:
@@ -284,6 +276,17 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
         pass
+
+
+def consecutive(trials: list[tuple[optuna.trial.Trial, list[str]]]) -> list[list[tuple[optuna.trial.Trial, list[str]]]]:
+    """``trials`` cut where their numbers are not consecutive."""
+    runs: list[list[tuple[optuna.trial.Trial, list[str]]]] = []
+    for item in trials:
+        if runs and runs[-1][-1][0].number + 1 == item[0].number:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
 
 
 def end(error: SweepError) -> typing.NoReturn:

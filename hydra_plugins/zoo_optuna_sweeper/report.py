@@ -157,6 +157,28 @@ def read_optuna(path: Path, results: dict[str, Any]) -> Sweep:
     return Sweep(path, metric, mode, trials, fixed, log_params, categorical, header)
 
 
+def summary(sweep: Sweep) -> list[str]:
+    """The lines a sweep ends on: how its trials ended, the best one (its metric and parameters) and
+    its run directory, and the command that shows every trial."""
+    lines = [f"sweep finished: {len(sweep.trials)} trials ({by_state(sweep.trials)}) in {sweep.path}"]
+    best = sweep.best_trial()
+    if best is None:
+        lines.append(f"no trial completed with {sweep.metric}: see each trial's run directory")
+    else:
+        params = " ".join(f"{k}={fmt_param(v)}" for k, v in best.params.items())
+        lines.append(f"best trial: {best.number}, {sweep.metric} = {best.value:.6g} "
+                     f"({'lowest' if sweep.mode == 'min' else 'highest'}), with {params or 'the fixed settings'}")
+        if best.job_dir is not None:
+            lines.append(f"its run directory: {best.job_dir}")
+    lines.append(f"every trial, and plots: zoo-sweep-report {sweep.path}")
+    return lines
+
+
+def fmt_param(value: Any) -> str:
+    """A parameter as an override writes it."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def by_state(trials: list[Trial]) -> str:
     """``3 COMPLETE, 1 FAIL``: how many trials ended in each state, in order of first appearance."""
     return ", ".join(f"{sum(t.state == s for t in trials)} {s}" for s in dict.fromkeys(t.state for t in trials))
