@@ -148,7 +148,7 @@ def saved_model(arch: str, folder: Path) -> Path:
 
 def report(out: Path, *overrides: str) -> dict:
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("attention", overrides=quote_free_text(list(overrides), keys=("text", "target")))
+        cfg = compose("attention", overrides=quote_free_text(list(overrides), keys=("prompt", "text", "target")))
     return attention_report(cfg, out)
 
 
@@ -189,6 +189,13 @@ def test_zoo_attention_writes_maps_and_table_for_each_form(arch, text, pngs, tmp
         assert all(r[7] == "–" for r in rows if r[1] == "cross")  # no own position across sequences
 
 
+def test_prompt_is_what_text_was(tmp_path):
+    folder = saved_model("decoder", tmp_path / "model")
+    by_prompt = report(tmp_path / "a", f"model_dir={folder}", "prompt=def add(a, b):", "plots=false")
+    by_text = report(tmp_path / "b", f"model_dir={folder}", "text=def add(a, b):", "plots=false")
+    assert by_prompt["tokens"] == by_text["tokens"] and len(by_prompt["tokens"]) > 3
+
+
 def test_zoo_attention_translates_when_no_target_is_given_and_cuts_long_texts(tmp_path):
     folder = saved_model("encoder_decoder", tmp_path / "model")
     summary = report(tmp_path / "out", f"model_dir={folder}", "text=three hundred and twelve " * 4,
@@ -204,8 +211,9 @@ def test_zoo_attention_translates_when_no_target_is_given_and_cuts_long_texts(tm
 @pytest.mark.parametrize("overrides,message", [
     ([], "give ckpt_path="),
     (["ckpt_path=/nonexistent.ckpt", "text=x"], "is not a file"),
-    (["model_dir=MODEL"], 'text="…" is required'),
+    (["model_dir=MODEL"], 'prompt="…" is required'),
     (["model_dir=MODEL", "text=hello", "target=bonjour"], "target= is for encoder-decoder models"),
+    (["model_dir=MODEL", "prompt=hello", "text=bye"], "prompt= and text= name the same text here"),
 ])
 def test_bad_input_is_one_line_error(overrides, message, tmp_path, capsys):
     folder = saved_model("decoder", tmp_path / "model")

@@ -52,3 +52,12 @@ def test_eval_past_the_position_table_names_the_longest_length(gpt_base, tmp_pat
     done = run("evaluate", f"ckpt_path={gpt_base}", "+data.seq_len=100000", cwd=tmp_path)
     one_line_error(done, "UserError", "data.seq_len=100000 is longer than the model's position table",
                    "give at most data.seq_len=")
+
+
+@pytest.mark.parametrize(("verb", "setting"), [("generate", "prompt: ???"), ("evaluate", "split: test"),
+                                               ("attention", "prompt: null")])
+def test_help_of_a_verb_that_reads_a_checkpoint_lists_its_own_settings(verb, setting, tmp_path):
+    done = run(verb, "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert setting in done.stdout and "Configuration groups" not in done.stdout and "experiment:" not in done.stdout
+    assert done.stdout.startswith(f"zoo-{verb.replace('evaluate', 'eval')}: ")

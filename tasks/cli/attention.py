@@ -1,7 +1,7 @@
 """zoo-attention: where a model looks on one text — heatmaps, rollout and a per-head table.
 
-    zoo-attention ckpt_path=<run>/checkpoints/last.ckpt text="def fib(n):"
-    zoo-attention model_dir=export/t5 text="three hundred" target="trois cents"
+    zoo-attention ckpt_path=<run>/checkpoints/last.ckpt prompt="def fib(n):"
+    zoo-attention model_dir=export/t5 prompt="three hundred" target="trois cents"
 
 Runs one text through the model on the reference attention kernel (``zoo.capture_attention``) and
 writes into the run directory (printed at the end; ``outputs/attention/runs/<date>`` by default):
@@ -19,8 +19,8 @@ writes into the run directory (printed at the end; ``outputs/attention/runs/<dat
   is printed. ``summary.json``: tokens, notes and flag counts. ``plots=false`` writes only these
   two, e.g. for a quick look at a large model.
 
-By form: an encoder (classifier, masked LM) and a decoder (generator) read ``text``; an
-encoder-decoder reads ``text`` as the source and ``target`` as the decoder's text, or, without
+By form: an encoder (classifier, masked LM) and a decoder (generator) read ``prompt`` (or ``text``); an
+encoder-decoder reads it as the source and ``target`` as the decoder's text, or, without
 ``target``, its own greedy translation (decoder inputs: the start token, then the target tokens).
 """
 
@@ -133,12 +133,22 @@ def check_thresholds(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value!r} must be a number (see conf/attention.yaml)")
 
 
+def the_text(cfg: DictConfig) -> str:
+    """``prompt=`` (as zoo-generate names it) or ``text=`` (its older name here); a UserError for
+    neither, or for both saying different things."""
+    prompt, text = literal(cfg, "prompt"), literal(cfg, "text")
+    if prompt is not None and text is not None and prompt != text:
+        raise UserError("prompt= and text= name the same text here; give one of them")
+    given = prompt if prompt is not None else text
+    if given is None or not given.strip():
+        raise UserError('prompt="…" is required: the text to look at (the source sentence for a translator)')
+    return given
+
+
 def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs:
     """Tokenize ``text`` (and ``target``) as the tasks do in training, cut to ``max_tokens``."""
     config = model.config
-    text, target_text = literal(cfg, "text"), literal(cfg, "target")
-    if text is None or not text.strip():
-        raise UserError('text="…" is required: the text to look at (the source sentence for a translator)')
+    text, target_text = the_text(cfg), literal(cfg, "target")
     reads_a_source = config.form.cross_attention  # a translator: a source, and a target it reads or writes
     if target_text is not None and not reads_a_source:
         raise UserError(f"target= is for encoder-decoder models; this model is arch={config.arch!r}")
@@ -369,7 +379,7 @@ def attention_maps(cfg: DictConfig) -> dict[str, object]:
 
 def main() -> None:
     """Console entry point: ``text=`` and ``target=`` pass through unchanged, spaces and quotes included."""
-    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:], keys=("text", "target"))]
+    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:], keys=("prompt", "text", "target"))]
     attention_maps()
 
 
