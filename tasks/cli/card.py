@@ -13,39 +13,22 @@ import yaml
 
 import zoo
 from tasks import TASKS, ZooTask
-
-FORMATS = {"safetensors": "safetensors", "onnx": "ONNX", "hf": "a Hugging Face transformers folder"}
-AUTO_CLASSES = {  # the transformers class zoo-export format=hf writes -> the Auto class that loads it
-    "GPT2LMHeadModel": "AutoModelForCausalLM", "LlamaForCausalLM": "AutoModelForCausalLM",
-    "Qwen2ForCausalLM": "AutoModelForCausalLM", "MistralForCausalLM": "AutoModelForCausalLM",
-    "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
-    "BertForMaskedLM": "AutoModelForMaskedLM", "BertForSequenceClassification": "AutoModelForSequenceClassification",
-    "BertModel": "AutoModel",
-}
-PIPELINES = {  # the Hub's pipeline_tag for each Auto class
-    "AutoModelForCausalLM": "text-generation", "AutoModelForSeq2SeqLM": "text2text-generation",
-    "AutoModelForMaskedLM": "fill-mask", "AutoModelForSequenceClassification": "text-classification",
-    "AutoModel": "feature-extraction",
-}
-ONNX_INPUTS = {  # an example value for each input a zoo model's graph may take (ZooModel.input_names)
-    "input_ids": "input_ids", "attention_mask": "np.ones_like(input_ids)",
-    "decoder_input_ids": "np.full((1, 1), {cfg.decoder_start_token_id}, dtype=np.int64)",
-}
+from tasks.cli.export_hf import AUTO_CLASSES
+from tasks.cli.formats import EXPORT_FORMATS, ExportFormat
 
 
 def model_card(task: ZooTask, checkpoint: dict[str, Any], *, fmt: str, command: str,
                hf_class: str | None = None) -> str:
     """The README.md of an export of ``task`` (rebuilt from ``checkpoint``, a zoo-train checkpoint) in
     format ``fmt``, written by ``command``; ``hf_class`` is the transformers class of an ``hf`` export."""
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt={fmt!r} is not an export format; choose one of {', '.join(FORMATS)}")
-    if fmt == "hf" and not hf_class:
-        raise ValueError("fmt='hf' needs hf_class, the transformers class the folder holds (e.g. GPT2LMHeadModel)")
+    form = EXPORT_FORMATS.get(fmt, field="fmt")()  # a ConfigError (a ValueError) naming the formats
+    if form.card_needs_class and not hf_class:
+        raise ValueError(f"fmt={fmt!r} needs hf_class, the transformers class the folder holds (e.g. GPT2LMHeadModel)")
     run = checkpoint.get("zoo_run") or {}
     config = yaml.safe_load(run.get("config_yaml") or "") or {}
     name = next((n for n in TASKS.names() if TASKS.get(n) is type(task)), type(task).__name__)
-    sections = [front_matter(name, fmt, hf_class), f"# {title(task)}",
-                f"A zoo `{name}` model trained with `zoo-train`, exported as {FORMATS[fmt]} by `zoo-export`.",
+    sections = [front_matter(name, form, hf_class), f"# {title(task)}",
+                f"A zoo `{name}` model trained with `zoo-train`, exported as {form.title} by `zoo-export`.",
                 section("Model", model_lines(task, config)),
                 section("Data", data_lines(task, checkpoint, config)),
                 section("Training", training_lines(task, checkpoint, config))]
@@ -53,7 +36,7 @@ def model_card(task: ZooTask, checkpoint: dict[str, Any], *, fmt: str, command: 
     if labels:
         sections.append(section("Labels", [f"{i}: `{label}`" for i, label in enumerate(labels)]))
     sections += ["## Command\n\nThis folder was written by:\n\n" + fenced(command, "bash"),
-                 "## How to load\n\n" + how_to_load(task, fmt, hf_class)]
+                 "## How to load\n\n" + fenced("\n".join(form.load_code(task, hf_class)), "python")]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -67,11 +50,11 @@ def describe_model(cfg: zoo.ModelConfig, params: int) -> str:
             f"{params:,} parameters, {cfg.position} positions, {cfg.norm_placement}-{cfg.norm}, {cfg.ffn} FFN")
 
 
-def front_matter(task_name: str, fmt: str, hf_class: str | None) -> str:
-    """The YAML block the Hugging Face Hub reads: library, pipeline (an hf export's) and tags."""
-    meta: dict[str, Any] = {"library_name": "transformers" if fmt == "hf" else "zoo"}
-    pipeline = PIPELINES.get(AUTO_CLASSES.get(hf_class or "", ""))
-    if fmt == "hf" and pipeline:
+def front_matter(task_name: str, form: ExportFormat, hf_class: str | None) -> str:
+    """The YAML block the Hugging Face Hub reads: library, pipeline (where the format has one) and tags."""
+    meta: dict[str, Any] = {"library_name": form.library}
+    pipeline = form.pipeline(hf_class)
+    if pipeline:
         meta["pipeline_tag"] = pipeline
     meta["tags"] = ["zoo", task_name]
     return f"---\n{yaml.safe_dump(meta, sort_keys=False)}---"
@@ -126,7 +109,9 @@ def data_lines(task: ZooTask, checkpoint: dict[str, Any], config: dict[str, Any]
     specials = checkpoint.get("tokenizer_specials")  # recorded only for a tokenizer that is not zoo's own
     if specials:
         origin = specials.get("origin") if isinstance(specials, dict) else None
-        where = ("from a Hugging Face model folder" + (f" (`{origin}`)" if isinstance(origin, str) else "")
+        source = "a GGUF file" if isinstance(origin, str) and origin.lower().endswith(".gguf") else \
+            "a Hugging Face model folder"
+        where = (f"from {source}" + (f" (`{origin}`)" if isinstance(origin, str) else "")
                  + ", with its own special tokens")
     elif data.get("tokenizer_path"):
         where = f"read from `{data['tokenizer_path']}`"
@@ -182,30 +167,6 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def how_to_load(task: ZooTask, fmt: str, hf_class: str | None) -> str:
-    """A short Python block that loads the folder in format ``fmt``."""
-    folder = 'folder = "path/to/this/folder"'
-    tokenizer = 'tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")'
-    if fmt == "safetensors":
-        extras = [f"# also here: {name} (the task's own module; config.json holds its settings)"
-                  for name in task.export_modules()]
-        code = ["import zoo", "from tokenizers import Tokenizer", "", folder,
-                f"model = zoo.load_pretrained(folder)  # {type(task.model).__name__}, in eval mode", tokenizer, *extras]
-    elif fmt == "onnx":
-        cfg = task.model.config
-        inputs = ", ".join(f'"{n}": {ONNX_INPUTS.get(n, "...").format(cfg=cfg)}' for n in type(task.model).input_names)
-        code = ["import numpy as np", "import onnxruntime", "from tokenizers import Tokenizer", "", folder, tokenizer,
-                'session = onnxruntime.InferenceSession(f"{folder}/model.onnx")',
-                'input_ids = np.array([tokenizer.encode("Hello").ids], dtype=np.int64)',
-                f"(output,) = session.run(None, {{{inputs}}})"]
-    else:
-        auto = AUTO_CLASSES.get(hf_class or "", hf_class)
-        note = f"  # {hf_class}" if auto != hf_class else ""
-        code = [f"from transformers import {auto}, AutoTokenizer", "", folder,
-                "tokenizer = AutoTokenizer.from_pretrained(folder)", f"model = {auto}.from_pretrained(folder){note}"]
-    return fenced("\n".join(code), "python")
-
-
 def section(heading: str, lines: list[str]) -> str:
     """A Markdown section of bullet lines; empty when there are none."""
     return f"## {heading}\n\n" + "\n".join(f"- {line}" for line in lines) if lines else ""
@@ -215,3 +176,6 @@ def fenced(text: str, lang: str) -> str:
     """``text`` as a fenced code block whose fence is longer than any run of backticks inside it."""
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
     return f"{fence}{lang}\n{text}\n{fence}"
+
+
+__all__ = ["AUTO_CLASSES", "describe_model", "model_card", "monitored"]  # AUTO_CLASSES: export_hf's

@@ -30,6 +30,18 @@ from zoo.io import atomic_write_text
 
 TOLERANCE = 1e-4
 SAMPLING = ("do_sample", "temperature", "top_k", "top_p")  # generation_config.json keys of sampling alone
+AUTO_CLASSES = {  # the transformers class format=hf writes -> the Auto class that loads it
+    "GPT2LMHeadModel": "AutoModelForCausalLM", "LlamaForCausalLM": "AutoModelForCausalLM",
+    "Qwen2ForCausalLM": "AutoModelForCausalLM", "MistralForCausalLM": "AutoModelForCausalLM",
+    "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "BertForMaskedLM": "AutoModelForMaskedLM", "BertForSequenceClassification": "AutoModelForSequenceClassification",
+    "BertModel": "AutoModel",
+}
+PIPELINES = {  # the Hub's pipeline_tag for each Auto class
+    "AutoModelForCausalLM": "text-generation", "AutoModelForSeq2SeqLM": "text2text-generation",
+    "AutoModelForMaskedLM": "fill-mask", "AutoModelForSequenceClassification": "text-classification",
+    "AutoModel": "feature-extraction",
+}
 
 
 def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None:
@@ -111,7 +123,7 @@ def check_reload(task: ZooTask, folder: Path, architecture: str) -> float:
         out = hf(**{n: inputs[n] for n in type(model).input_names})
         theirs = getattr(out, "logits", None)
         theirs = out.last_hidden_state if theirs is None else theirs
-    diff = _masked_diff(ours.float(), theirs.float(), inputs["attention_mask"])
+    diff = masked_diff(ours.float(), theirs.float(), inputs["attention_mask"])
     if diff > TOLERANCE:
         raise UserError(f"format=hf: transformers' {architecture} computes other logits than the zoo model (max abs "
                         f"diff {diff:.3g} > {TOLERANCE}); nothing was written. Please report this composition")
@@ -120,7 +132,7 @@ def check_reload(task: ZooTask, folder: Path, architecture: str) -> float:
     return diff
 
 
-def _masked_diff(ours: Tensor, theirs: Tensor, mask: Tensor) -> float:
+def masked_diff(ours: Tensor, theirs: Tensor, mask: Tensor) -> float:
     """Max abs difference; per-token outputs of the (B, T) inputs only where the mask is 1."""
     if ours.dim() == 3 and ours.shape[1] == mask.shape[1]:
         keep = mask.bool()

@@ -1,0 +1,161 @@
+"""``zoo-export format=gguf``: ``<out>/model.gguf``, the file llama.cpp, Ollama and LM Studio run, with
+the task's tokenizer, special ids and whether llama.cpp puts bos before a text (``zoo.to_gguf``), beside
+config.json (the export record) and the model card. Checked in the staged folder before it appears, when
+transformers and accelerate are installed, by transformers' own GGUF loading (an independent reader):
+
+- its logits on a padded batch equal zoo's reading of the same file (``zoo.read_gguf``) within 1e-4,
+  whatever the dtype (names, layouts, metadata and dequantization agree);
+- its logits differ from the checkpoint's by at most :data:`TOLERANCE` for f32, f16 and bf16;
+- its greedy tokens equal the checkpoint's for f32 and f16. q8_0 and q4_0 trade accuracy by design:
+  their logit difference and how many greedy tokens agree are reported, not refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import zoo
+from tasks import ZooTask
+from tasks.cli.export_hf import masked_diff
+from tasks.data.tokenizers import added_around
+from tasks.errors import UserError
+from zoo.gguf.tokenizer import tokenizer_vocab
+from zoo.io import atomic_write_text
+
+FILE = "model.gguf"
+PARITY = 1e-4  # transformers' reading of the file against zoo's reading of the same file
+TOLERANCE = {"f32": (1e-4, False), "f16": (1e-2, True), "bf16": (5e-2, True)}
+"""dtype -> (largest logit difference from the checkpoint, relative to the largest logit): f32 holds the
+weights' own numbers; f16 and bf16 round each weight by up to 2^-11 and 2^-8 of it, which moves the
+logits by about that fraction times the depth. q8_0 and q4_0 have none (reported)."""
+SAME_TOKENS = ("f32", "f16")  # dtypes whose greedy tokens must be the checkpoint's
+NEW_TOKENS = 16
+READER_SETTINGS: dict[str, Callable[[zoo.ModelConfig], dict[str, Any]]] = {
+    "gpt2": lambda cfg: {"n_positions": cfg.max_seq_len, "n_inner": cfg.resolved_d_ff},
+}
+"""Config values transformers' GGUF reader does not take from the file (it maps gpt2.context_length and
+gpt2.feed_forward_length to keys GPT2Config does not read), given to ``from_pretrained`` as llama.cpp
+reads them; everything else transformers reads from the file itself."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the check found: the logit difference from the checkpoint, and how many of ``tokens``
+    greedy tokens (from the first) transformers' reading decodes as the checkpoint does."""
+
+    diff: float
+    agree: int
+    tokens: int
+
+
+def require_gguf() -> None:
+    """format=gguf needs the ``real`` extra's gguf (llama.cpp's own writer)."""
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError("format=gguf needs the package gguf (llama.cpp's own reader and writer), which is not "
+                        "installed; install the real extra: pip install -e \".[real]\"")
+
+
+def gguf_problem(task: ZooTask) -> None:
+    """Refuse, in one line naming the component, a task whose model llama.cpp does not compute
+    (``zoo.gguf_exportable``), that has a head of its own, or whose tokenizer llama.cpp cannot reproduce."""
+    zoo.gguf_exportable(task.model)
+    own = [*task.export_modules()] or (["its classifier head"] if task.hf_classifier() is not None else [])
+    if own:
+        raise UserError(f"format=gguf holds a language model alone, not {type(task).__name__}'s own "
+                        f"{', '.join(own)}; export this run with format=safetensors or format=hf")
+    try:
+        tokenizer_vocab(task.export_tokenizer(), task.model.config.vocab_size)
+    except zoo.ConfigError as error:
+        raise zoo.ConfigError(f"format=gguf: the run's {error}") from None
+
+
+def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], card: str | None) -> tuple[float, str]:
+    """Write ``out`` (model.gguf, config.json last, the card) through ``atomic_folder``, checked in the
+    staged folder; the logit difference from the checkpoint and the line zoo-export prints."""
+    tokenizer, specials = task.export_tokenizer(), task.special_tokens
+    before, _ = added_around(tokenizer)
+    with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
+        arch = zoo.to_gguf(task.model, stage / FILE, dtype=dtype, tokenizer=tokenizer, specials=specials.record(),
+                           add_bos=specials.bos is not None and before == [specials.bos], name=f"zoo {config['task']}")
+        atomic_write_text(stage / "config.json", json.dumps(config, indent=2))
+        if card is not None:
+            atomic_write_text(stage / "README.md", card)
+        checked = check_gguf(task, stage, arch, dtype)
+    where = f"exported {out}/{FILE} (llama.cpp {arch}, {dtype})"
+    if checked is None:
+        return float("nan"), f"{where} (not checked: transformers' GGUF loading needs transformers and accelerate)"
+    tokens = ("same greedy tokens" if checked.agree == checked.tokens else
+              f"greedy tokens: the first {checked.agree} of {checked.tokens} agree")
+    return checked.diff, f"{where}; transformers' GGUF reload vs zoo: max abs diff {checked.diff:.3g}, {tokens}"
+
+
+def check_gguf(task: ZooTask, folder: Path, arch: str, dtype: str) -> Checked | None:
+    """transformers' reading of ``folder/model.gguf`` against zoo's reading of it and the checkpoint
+    (see the module's docstring); a UserError when one disagrees. None when transformers is not installed."""
+    if any(importlib.util.find_spec(package) is None for package in ("transformers", "accelerate")):
+        return None
+    model = task.model
+    theirs = hf_reading(folder, arch, model.config)
+    read = zoo.read_gguf(folder / FILE, tokenizer=False).model
+    inputs = type(model).example_inputs(model.config)
+    mask = inputs["attention_mask"]
+    with torch.no_grad():
+        want, mine = model(**inputs).float(), read(**inputs).float()
+        got = theirs(input_ids=inputs["input_ids"], attention_mask=mask).logits.float()
+    parity = masked_diff(mine, got, mask)
+    if parity > PARITY:
+        raise UserError(f"format=gguf: transformers reads the {arch} file as other logits than zoo reads it (max abs "
+                        f"diff {parity:.3g} > {PARITY}); nothing was written. Please report this composition")
+    diff = masked_diff(want, got, mask)
+    if dtype in TOLERANCE:
+        limit, relative = TOLERANCE[dtype]
+        limit *= max(1.0, want.abs().max().item()) if relative else 1.0
+        if diff > limit:
+            raise UserError(f"format=gguf: gguf.dtype={dtype} moves the logits by {diff:.3g} from the checkpoint's "
+                            f"(more than {limit:.3g}); nothing was written. Choose gguf.dtype=f32")
+    prompt = inputs["input_ids"][1:]  # the unpadded row
+    steps = NEW_TOKENS if model.max_positions is None else min(NEW_TOKENS, model.max_positions - prompt.shape[1])
+    ours = greedy(lambda ids: model(ids, torch.ones_like(ids)), prompt, steps)
+    decoded = greedy(lambda ids: theirs(input_ids=ids).logits, prompt, steps)
+    agree = next((i for i, (a, b) in enumerate(zip(ours, decoded, strict=True)) if a != b), steps)
+    if dtype in SAME_TOKENS and agree < steps:
+        raise UserError(f"format=gguf: transformers' reading of the {dtype} file decodes other greedy tokens than "
+                        f"the checkpoint ({decoded} vs {ours}); nothing was written. Please report this")
+    return Checked(diff, agree, steps)
+
+
+def hf_reading(folder: Path, arch: str, cfg: zoo.ModelConfig) -> Any:
+    """transformers' model of ``folder/model.gguf`` in float32 (its own GGUF loading, quietly)."""
+    import transformers
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:  # its tensor conversion draws a progress bar of its own on stderr
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=FILE, dtype=torch.float32, **READER_SETTINGS.get(arch, lambda cfg: {})(cfg)).eval()
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+def greedy(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, steps: int) -> list[int]:
+    """``steps`` greedy tokens after the (1, T) ``prompt``, each from a full forward pass of ``logits_of``."""
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(steps):
+            ids = torch.cat([ids, logits_of(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)  # (1, T + 1)
+    return ids[0, prompt.shape[1]:].tolist()
