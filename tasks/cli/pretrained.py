@@ -1,19 +1,30 @@
-"""``zoo-train init_from=<Hugging Face model folder | hf:repo>``: a run that starts from a pretrained
-model. The folder decides the model (its config.json replaces the experiment's preset, said in one
-line) and the tokenizer (its tokenizer.json and special tokens); the command line may still change
+"""``zoo-train init_from=<Hugging Face model folder | hf:repo | file.gguf>``: a run that starts from a
+pretrained model. The source decides the model (its config replaces the experiment's preset, said in
+one line) and the tokenizer (its vocabulary and special tokens); the command line may still change
 what does not touch the weights (dropout, the attention kernel, the heads a task adds). Any other
-``model.*`` override that disagrees with the folder stops the run before anything is read."""
+``model.*`` override that disagrees with the source stops the run before anything is read.
+
+Each kind of source is a :class:`PretrainedSource` (:data:`SOURCES`): an HF folder (config.json,
+safetensors, tokenizer.json) or a llama.cpp GGUF file (everything in one file, quantized tensors
+dequantized to float32)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from dataclasses import fields
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+from tokenizers import Tokenizer
 
 import zoo
 from tasks.cli.common import model_config
+from tasks.data.tokenizers import Specials, read_hf_tokenizer
+from tasks.errors import DataError
 
 ADJUSTABLE = ("dropout", "attn_dropout", "attention", "init_std", "pooler", "mlm_head")
 """Model fields a run may set on top of a pretrained model: regularisation, the kernel, and the
@@ -21,21 +32,112 @@ heads a task needs (``pooler``, ``mlm_head``: taken from the experiment, new one
 HEADS = ("pooler", "mlm_head")
 
 
-def is_hf_source(init_from: Any) -> bool:
-    """Whether ``init_from`` names a HF model folder or ``hf:<repo>`` (else: a zoo checkpoint, or nothing)."""
-    return bool(init_from) and (str(init_from).startswith("hf:") or zoo.hf.is_hf_folder(str(init_from)))
+class PretrainedSource(ABC):
+    """A pretrained model ``init_from`` names: its model and its tokenizer, each read once."""
+
+    kind: ClassVar[str]  # what the source is, in the line adopt_model prints ("folder", "file")
+
+    def __init__(self, path: Path, given: str) -> None:
+        self.path, self.given = path, given  # given: init_from= as the user wrote it
+
+    @classmethod
+    @abstractmethod
+    def names(cls, init_from: str) -> bool:
+        """Whether ``init_from`` names a source of this kind."""
+
+    @classmethod
+    def resolve(cls, init_from: str) -> Path:
+        """The local path of the source (a download for a hub name)."""
+        return Path(init_from).expanduser()
+
+    @abstractmethod
+    def model(self) -> zoo.ZooModel:
+        """The source's model; a CheckpointError for a missing or damaged file, a ValueError for a
+        setting zoo cannot reproduce."""
+
+    @abstractmethod
+    def tokenizer(self) -> tuple[Tokenizer, Specials]:
+        """The tokenizer the weights were trained with, and where its special tokens are."""
+
+    def loaded(self) -> str:
+        """What reading the source did to the weights, for the line adopt_model prints ("" when nothing)."""
+        return ""
 
 
-def hf_source(init_from: Any) -> Path:
-    """The HF model folder ``init_from`` names, ``hf:<repo>`` fetched into the hub cache."""
-    return zoo.hf.resolve(str(init_from))
+class HFFolder(PretrainedSource):
+    """A Hugging Face model folder (save_pretrained's files) or ``hf:<repo>``."""
+
+    kind = "folder"
+
+    @classmethod
+    def names(cls, init_from: str) -> bool:
+        return init_from.startswith("hf:") or zoo.hf.is_hf_folder(init_from)
+
+    @classmethod
+    def resolve(cls, init_from: str) -> Path:
+        return zoo.hf.resolve(init_from)  # hf:<repo> fetched into the hub cache
+
+    def model(self) -> zoo.ZooModel:
+        return zoo.from_hf(self.path)
+
+    def tokenizer(self) -> tuple[Tokenizer, Specials]:
+        return read_hf_tokenizer(self.path)
 
 
-def adopt_model(cfg: DictConfig, folder: Path) -> zoo.ZooModel:
-    """Read the folder's model and make ``cfg.model`` its config (plus the adjustable fields the run
+class GGUFFile(PretrainedSource):
+    """A llama.cpp GGUF file (its name ends in .gguf): weights, vocabulary and special ids in one file."""
+
+    kind = "file"
+
+    @classmethod
+    def names(cls, init_from: str) -> bool:
+        return init_from.lower().endswith(".gguf")
+
+    @cached_property
+    def contents(self) -> zoo.GGUFContents:
+        return zoo.read_gguf(self.path, dtype=torch.float32)
+
+    def model(self) -> zoo.ZooModel:
+        return self.contents.model
+
+    def tokenizer(self) -> tuple[Tokenizer, Specials]:
+        got, where = self.contents, f"init_from={self.given}"
+        if got.tokenizer is None:
+            raise DataError(f"{where}: the file holds no vocabulary (tokenizer.ggml.*), so its token ids mean "
+                            "nothing to zoo's data; use a GGUF file with its tokenizer")
+        roles = {f.name for f in fields(Specials)} - {"others", "origin"}
+        ids = {role: i for role, i in got.specials.items() if role in roles}
+        others = frozenset(i for role, i in got.specials.items() if role not in roles)  # eot...
+        return got.tokenizer, Specials(**{"decoder_start": ids.get("pad"), **ids}, others=others, origin=where)
+
+    def loaded(self) -> str:
+        types = sorted({t for kinds in self.contents.loaded.values() for t in kinds.split("+")})
+        return f", {'/'.join(types)} weights read as float32"
+
+
+SOURCES: tuple[type[PretrainedSource], ...] = (GGUFFile, HFFolder)
+
+
+def is_pretrained_source(init_from: Any) -> bool:
+    """Whether ``init_from`` names a pretrained model (HF folder, ``hf:<repo>``, GGUF file) rather than
+    a zoo checkpoint (or nothing)."""
+    return bool(init_from) and any(source.names(str(init_from)) for source in SOURCES)
+
+
+def pretrained_source(init_from: Any) -> PretrainedSource:
+    """The pretrained source ``init_from`` names (``is_pretrained_source``)."""
+    cls = next(source for source in SOURCES if source.names(str(init_from)))
+    return cls(cls.resolve(str(init_from)), str(init_from))
+
+
+def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
+    """Read the source's model and make ``cfg.model`` its config (plus the adjustable fields the run
     sets); returns the model, whose weights the task then loads."""
+    if isinstance(source, GGUFFile) and OmegaConf.select(cfg, "adapter.save", default="full") == "only":
+        raise zoo.ConfigError(f"adapter.save=only: an adapter-only checkpoint names its base to re-read, and a GGUF "
+                              f"base (init_from={source.given}) is not one it can re-read yet; use adapter.save=full")
     try:
-        model = zoo.from_hf(folder)
+        model = source.model()
     except zoo.CheckpointError:  # a missing or damaged file: its own one-line error
         raise
     except ValueError as error:  # a setting of the family zoo cannot reproduce
@@ -44,9 +146,9 @@ def adopt_model(cfg: DictConfig, folder: Path) -> zoo.ZooModel:
     for key in explicit:
         mine = cfg.model.get(key)
         if key not in ADJUSTABLE and key in theirs.to_dict() and mine != getattr(theirs, key):
-            raise zoo.ConfigError(f"model.{key}={mine}: the weights in {folder} have {key}={getattr(theirs, key)}; "
-                                  f"drop the override (a pretrained model keeps its shape; only "
-                                  f"{', '.join(ADJUSTABLE)} may change)")
+            raise zoo.ConfigError(f"model.{key}={mine}: the weights in {source.path} have {key}="
+                                  f"{getattr(theirs, key)}; drop the override (a pretrained model keeps its shape; "
+                                  f"only {', '.join(ADJUSTABLE)} may change)")
     wanted = model_config(cfg.model)  # the experiment's model: its heads are what the task trains
     adjusted = {k: getattr(wanted, k) for k in ADJUSTABLE if k in explicit or k in HEADS}
     chosen = theirs.replace(**adjusted)
@@ -54,9 +156,9 @@ def adopt_model(cfg: DictConfig, folder: Path) -> zoo.ZooModel:
         for key, value in chosen.to_dict().items():
             cfg.model[key] = value
         cfg.model.preset = None
-    print(f"init_from {folder}: the model is the folder's {theirs.arch} ({theirs.n_layers} layers, d_model "
-          f"{theirs.d_model}, {zoo.count_parameters(model):,} parameters); it replaces the experiment's model "
-          f"preset, and the folder's tokenizer replaces data.tokenizer_*")
+    print(f"init_from {source.path}: the model is the {source.kind}'s {theirs.arch} ({theirs.n_layers} layers, "
+          f"d_model {theirs.d_model}, {zoo.count_parameters(model):,} parameters{source.loaded()}); it replaces the "
+          f"experiment's model preset, and the {source.kind}'s tokenizer replaces data.tokenizer_*")
     return model
 
 

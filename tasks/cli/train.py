@@ -41,9 +41,9 @@ from tasks.cli.common import (
     run_info,
     user_errors,
 )
-from tasks.cli.pretrained import adopt_model, as_checkpoint, hf_source, is_hf_source
+from tasks.cli.pretrained import PretrainedSource, adopt_model, as_checkpoint, is_pretrained_source, pretrained_source
 from tasks.cli.resuming import resumed_config
-from tasks.data.tokenizers import Specials, read_hf_tokenizer, read_tokenizer
+from tasks.data.tokenizers import Specials, read_tokenizer
 from tasks.loggers import CSVLogger
 
 
@@ -57,9 +57,9 @@ def train(cfg: DictConfig) -> float | None:
 
 
 def train_run(cfg: DictConfig) -> float | None:
-    from_hf = is_hf_source(cfg.init_from)  # init_from=<HF folder>: model and tokenizer (unless resuming)
-    folder = hf_source(cfg.init_from) if from_hf and not cfg.ckpt_path else None
-    pretrained = adopt_model(cfg, folder) if folder else None  # the folder's config becomes cfg.model
+    from_hf = is_pretrained_source(cfg.init_from)  # init_from=<HF folder, GGUF file>: model and tokenizer
+    folder = pretrained_source(cfg.init_from) if from_hf and not cfg.ckpt_path else None  # (unless resuming)
+    pretrained = adopt_model(cfg, folder) if folder else None  # the source's config becomes cfg.model
     model_cfg = check_composition(cfg)  # bad combinations and values stop here, before any data is read
     check_export(cfg, model_cfg)
     output_dir = Path(cfg.paths.output_dir)
@@ -201,14 +201,14 @@ def check_export(cfg: DictConfig, model_cfg: zoo.ModelConfig, task: Any = None) 
         task.hf_classifier()
 
 
-def hand_tokenizer(datamodule: Any, cfg: DictConfig, checkpoint: dict | None, folder: Path | None,
+def hand_tokenizer(datamodule: Any, cfg: DictConfig, checkpoint: dict | None, folder: PretrainedSource | None,
                    rank_dir: Path | None) -> None:
     """Give the data module the tokenizer the weights were trained with (a checkpoint's, or an HF
     folder's); in a DDP process of rank > 0 (``rank_dir``: the run directory) the one rank 0 saved."""
     if checkpoint:
         datamodule.use_tokenizer(checkpoint_tokenizer(checkpoint, cfg), checkpoint_specials(checkpoint))
     elif folder:
-        datamodule.use_tokenizer(*read_hf_tokenizer(folder))
+        datamodule.use_tokenizer(*folder.tokenizer())
     elif rank_dir is not None and (rank_dir / "tokenizer.json").is_file():  # ranks > 0 start after rank 0 saved it
         datamodule.tokenizer = read_tokenizer(rank_dir / "tokenizer.json")  # one tokenizer for every rank
 
