@@ -105,8 +105,8 @@ def test_how_to_load_fits_the_format(trained):
 
 def test_bad_arguments_are_refused(trained):
     task, checkpoint = trained
-    with pytest.raises(ValueError, match="fmt='gguf'"):
-        card_of(task, checkpoint, "gguf")
+    with pytest.raises(ValueError, match="fmt='tflite'"):
+        card_of(task, checkpoint, "tflite")
     with pytest.raises(ValueError, match="hf_class"):
         card_of(task, checkpoint, "hf")
 
