@@ -17,9 +17,14 @@
   row's logits equal each document's run alone with ``sliding_window``, and the KV cache keeps
   ``window - 1`` positions as that mask's does.
 
-Each mask says which keys a query sees twice: ``allowed`` builds the boolean (Tq, Tk) tensor that
-sdpa and math read, and ``mask_mod`` the same rule as flex_attention's mask_mod
-(b, h, q_idx, kv_idx) -> bool, computed inside the kernel from positions (no (Tq, Tk) tensor).
+Each mask writes its rule once, as flex_attention's mask_mod (b, h, q_idx, kv_idx) -> bool: flex
+computes it inside the kernel from positions (no (Tq, Tk) tensor), and the base class derives the
+boolean (Tq, Tk) tensor that sdpa and math read (``allowed``) by evaluating the same function on
+broadcast index grids (:func:`index_grids`); ``documents_mod`` and ``within_documents`` likewise.
+A mod is written with elementwise tensor ops (what flex_attention asks of it anyway), so it means
+the same on one (q_idx, kv_idx) pair and on a grid. A subclass may still hand-write a dense fast
+path, but only beside its own mod: a class whose dense rule and mod come from different classes
+(one half written, the other inherited or derived) is refused when it is defined.
 """
 
 from __future__ import annotations
@@ -36,6 +41,45 @@ from zoo.registry import MASK, ConfigError
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool, True = attend
 
 
+def index_grids(q_pos: Tensor, k_pos: Tensor, *, rows: int | None = None,
+                heads: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(b, h, q_idx, kv_idx) that broadcast to (B, H, Tq, Tk), flex_attention's layout, so that a mod
+    evaluated on them yields its whole dense tensor at once: b is (B, 1, 1, 1) and h (H, 1, 1), or a
+    0-d zero where ``rows`` / ``heads`` is None (the result then has no such dimension); q_idx is
+    (Tq, 1), kv_idx (1, Tk)."""
+    device = q_pos.device
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    b = zero if rows is None else torch.arange(rows, device=device).view(rows, 1, 1, 1)
+    h = zero if heads is None else torch.arange(heads, device=device).view(heads, 1, 1)
+    return b, h, q_pos[:, None], k_pos[None, :]
+
+
+def dense_mask(mask_mod: MaskMod, q_pos: Tensor, k_pos: Tensor, *, rows: int | None = None) -> Tensor:
+    """``mask_mod`` over queries at ``q_pos`` and keys at ``k_pos``: a boolean (Tq, Tk) tensor, or
+    (B, 1, Tq, Tk) where the mod reads b of ``rows`` = B rows."""
+    return over_keys(mask_mod(*index_grids(q_pos, k_pos, rows=rows)), q_pos.shape[0], k_pos.shape[0])
+
+
+def over_keys(t: Tensor, n_queries: int, n_keys: int) -> Tensor:
+    """``t`` with its last two dimensions (Tq, Tk), broadcast there (a view) if a mod ignored q or kv."""
+    if t.shape[-2:] == (n_queries, n_keys):
+        return t
+    return t.expand(*t.shape[:-2], n_queries, n_keys) if t.dim() >= 2 else t.expand(n_queries, n_keys)
+
+
+def refuse_half_rules(cls: type, pairs: tuple[tuple[str, str], ...], base: type) -> None:
+    """Raise TypeError if ``cls`` takes a dense rule and its mod (each pair: (dense, mod)) from
+    different classes: one half written and the other inherited or derived from ``base``, so that one
+    kernel would compute what the other does not. A dense rule left to ``base`` is derived from the mod."""
+    for dense, mod in pairs:
+        owner = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in (dense, mod)}
+        if owner[dense] is not base and owner[dense] is not owner[mod]:
+            raise TypeError(
+                f"{cls.__name__} takes {dense} from {owner[dense].__name__} but {mod} from {owner[mod].__name__}: "
+                f"the dense kernels (math, sdpa) would read one rule and flex another. Write the rule once as "
+                f"{mod} ({base.__name__} derives {dense} from it), or define both in one class (a dense fast path)")
+
+
 class Mask:
     """Class flags say what the mask is; forms and the stack ask them instead of comparing names."""
 
@@ -45,6 +89,10 @@ class Mask:
     needs_prefix_len: ClassVar[bool] = False  # forward (and generation) must pass prefix_len
     lookback: int | None = None  # keys before its own position a query may still see (None: all); caches keep that many
     documents: ClassVar[bool] = False  # reads document_ids: a query sees keys of its own document only
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        refuse_half_rules(cls, (("allowed", "mask_mod"), ("within_documents", "documents_mod")), Mask)
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -65,23 +113,32 @@ class Mask:
         library without document masks (transformers) matches this one."""
         return cfg.resolved_mask
 
-    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor | None:
-        """A boolean (Tq, Tk) or (B, 1, Tq, Tk) tensor, True where attention is allowed; None: all."""
-        return None
-
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod | None:
-        """``allowed`` as flex_attention's mask_mod: q_idx and kv_idx are absolute positions (a full
-        forward: no KV cache), b indexes ``prefix_len`` when it is a (B,) tensor. None: all."""
+        """The rule, as flex_attention's mask_mod: True where query q_idx may attend to key kv_idx, both
+        absolute positions; b indexes ``prefix_len`` when it is a (B,) tensor. None: every key."""
         return None
 
-    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
-        """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed to keys of each query's own document;
-        only a mask with ``documents`` set reads ``document_ids``."""
-        raise _across_documents(self)
+    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor | None:
+        """``mask_mod`` as the boolean (Tq, Tk) tensor, or (B, 1, Tq, Tk) for a (B,) ``prefix_len``,
+        over queries at ``q_pos`` and keys at ``k_pos`` (with a KV cache: P..P+T-1 and 0..P+T-1).
+        None: every key."""
+        mod = self.mask_mod(prefix_len)
+        if mod is None:
+            return None
+        rows = prefix_len.shape[0] if isinstance(prefix_len, Tensor) and prefix_len.dim() == 1 else None
+        return dense_mask(mod, q_pos, k_pos, rows=rows)
 
     def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
-        """``within_documents`` for a ``mask_mod``: it also asks that both positions lie in one document."""
+        """``mask_mod`` narrowed to keys of each query's own document (``document_ids``: (B, T), indexed
+        by b and a position); only a mask with ``documents`` set reads ``document_ids``."""
         raise _across_documents(self)
+
+    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
+        """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed as ``documents_mod`` narrows a mod: a
+        (B, 1, T, T) tensor over the positions of a full forward."""
+        positions = torch.arange(document_ids.shape[1], device=document_ids.device)
+        same = dense_mask(self.documents_mod(None, document_ids), positions, positions, rows=document_ids.shape[0])
+        return same if allowed is None else allowed & same
 
 
 def _across_documents(mask: Mask) -> ValueError:
@@ -103,9 +160,6 @@ class Causal(Mask):
     causal = True
     kernel_causal = True
 
-    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
-        return k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
-
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         return _causal
 
@@ -115,15 +169,6 @@ class Prefix(Mask):
     # the prefix sees its own future, so relative position buckets must be bidirectional
     causal = False
     needs_prefix_len = True
-
-    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
-        if prefix_len is None:
-            raise ValueError("mask='prefix' needs prefix_len (an int, or a (B,) tensor) in forward")
-        causal = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
-        if isinstance(prefix_len, Tensor) and prefix_len.dim() == 1:
-            in_prefix = k_pos[None, :] < prefix_len[:, None]  # (B, Tk)
-            return causal[None, None] | in_prefix[:, None, None, :]  # (B, 1, Tq, Tk)
-        return causal | (k_pos < prefix_len)[None, :]
 
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         if prefix_len is None:
@@ -165,9 +210,6 @@ class SlidingWindow(Mask):
         causal = MASK.get(cfg.form.natural_mask, field="mask").causal
         return (CausalSlidingWindow if causal else SlidingWindow)(cfg.window)
 
-    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
-        return (q_pos[:, None] - k_pos[None, :]).abs() < self.window  # (Tq, Tk)
-
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         window = self.window
 
@@ -181,10 +223,6 @@ class CausalSlidingWindow(SlidingWindow):
     """A decoder's window: the query itself and the ``window - 1`` keys before it, i - window < j <= i."""
 
     causal = True
-
-    def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len: int | Tensor | None = None) -> Tensor:
-        behind = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk): how far each key lies before its query
-        return (behind >= 0) & (behind < self.window)
 
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         window = self.window
@@ -217,9 +255,6 @@ class Document(Causal):
     def one_document(cls, cfg: ModelConfig) -> str:
         return "causal" if cfg.window is None else "sliding_window"
 
-    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
-        return _same_document(allowed, document_ids)
-
     def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
         return _same_document_mod(mask_mod, document_ids)
 
@@ -233,17 +268,8 @@ class DocumentWindow(CausalSlidingWindow):
 
     documents = True
 
-    def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
-        return _same_document(allowed, document_ids)
-
     def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
         return _same_document_mod(mask_mod, document_ids)
-
-
-def _same_document(allowed: Tensor | None, document_ids: Tensor) -> Tensor:
-    """``allowed`` (None, (T, T) or (B, 1, T, T)) narrowed to the keys of each query's own document."""
-    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
-    return same[:, None] if allowed is None else allowed & same[:, None]  # (B, 1, T, T)
 
 
 def _same_document_mod(mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:

@@ -4,9 +4,12 @@ A position encoding acts at one of three places, so the base class has three hoo
 
 - ``embed(position_ids)``: a vector added to the token embeddings (``sinusoidal``, ``learned``);
 - ``rotary(position_ids)``: (cos, sin) that rotate q and k in every layer (``rope``);
-- ``bias(q_pos, k_pos)``: an additive attention bias shared by all layers (``alibi``, ``t5_relative``);
-  ``score_mod(device)`` is the same bias as flex_attention's score_mod, computed inside the kernel
-  from the positions of each query and key, so no (H, Tq, Tk) tensor is ever made.
+- ``score_mod(device)``: an additive attention bias shared by all layers (``alibi``, ``t5_relative``),
+  written once as flex_attention's score_mod: flex computes it inside the kernel from the positions
+  of each query and key, so no (H, Tq, Tk) tensor is ever made, and the base class derives the dense
+  ``bias(q_pos, k_pos)`` that sdpa and math add by evaluating the same function on broadcast index
+  grids (``zoo.mask.index_grids``). A class that writes ``bias`` without its own ``score_mod`` is
+  refused when it is defined (flex would drop the bias).
 
 Shapes: B batch, T positions, H heads, Tq/Tk query/key lengths, D model width, hd head width.
 Positions are absolute indices; with a KV cache they start at the cache length, so decoding one
@@ -22,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
+from zoo.mask import index_grids, over_keys, refuse_half_rules
 from zoo.registry import POSITION, ConfigError
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
@@ -29,11 +33,16 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score,
 
 class Position(nn.Module):
     max_len: int | None = None  # longest sequence the encoding can represent (None: unbounded)
+    n_heads: int | None = None  # the heads score_mod's h ranges over; a position with a score_mod sets it
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        refuse_half_rules(cls, (("bias", "score_mod"),), Position)
 
     @property
     def has_bias(self) -> bool:
-        """Whether ``bias`` is overridden (the stack then builds a float mask for every forward)."""
-        return type(self).bias is not Position.bias
+        """Whether ``score_mod`` is overridden (the stack then builds a float mask for every forward)."""
+        return type(self).score_mod is not Position.score_mod
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -54,13 +63,24 @@ class Position(nn.Module):
     def rotary(self, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
         return None
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+    def score_mod(self, device: torch.device) -> ScoreMod | None:
+        """The bias, as flex_attention's score_mod (score, b, h, q_idx, kv_idx) -> score plus the bias
+        of head h for the query at position q_idx and the key at kv_idx (b: the row; the bias is the
+        same for every row). None: no bias."""
         return None
 
-    def score_mod(self, device: torch.device) -> ScoreMod | None:
-        """``bias`` as flex_attention's score_mod (score, b, h, q_idx, kv_idx) -> score, where q_idx and
-        kv_idx are absolute positions (a full forward: no KV cache). None where ``bias`` is."""
-        return None
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """``score_mod`` as the (H, Tq, Tk) bias of queries at ``q_pos`` and keys at ``k_pos``
+        (with a KV cache: P..P+T-1 and 0..P+T-1). None: no bias."""
+        mod = self.score_mod(q_pos.device)
+        if mod is None:
+            return None
+        if self.n_heads is None:
+            raise TypeError(f"{type(self).__name__} has a score_mod but no n_heads: set n_heads, the heads h "
+                            "ranges over")
+        zero = torch.zeros((), device=q_pos.device)  # the score the bias is added to
+        biased = over_keys(mod(zero, *index_grids(q_pos, k_pos, heads=self.n_heads)), q_pos.shape[0], k_pos.shape[0])
+        return biased if biased.dim() == 3 else biased.expand(self.n_heads, *biased.shape[-2:])  # (H, Tq, Tk)
 
 
 @POSITION.register("none")
@@ -189,11 +209,6 @@ class ALiBi(Position):
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> ALiBi:
         return cls(cfg.n_heads)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Tq, Tk)
-        slopes = alibi_slopes(self.n_heads).to(distance.device)
-        return -slopes[:, None, None] * distance  # (H, Tq, Tk)
-
     def score_mod(self, device: torch.device) -> ScoreMod:
         slopes = alibi_slopes(self.n_heads).to(device)  # (H,)
 
@@ -227,6 +242,7 @@ class T5Relative(Position):
 
     def __init__(self, n_heads: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
+        self.n_heads = n_heads
         self.bidirectional = bidirectional
         self.num_buckets = num_buckets
         self.max_distance = max_distance
@@ -247,6 +263,8 @@ class T5Relative(Position):
                    max_distance=cfg.rel_max_distance)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The dense fast path of ``score_mod`` (whole rows of the table per bucket, where the derived
+        form gathers one scalar per head and pair: ~9x slower on the CPU at T=512); tests check that they agree."""
         relative = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk)
         buckets = t5_relative_bucket(relative, bidirectional=self.bidirectional,
                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
