@@ -225,12 +225,24 @@ def fingerprint(tensors: dict[str, torch.Tensor]) -> str:
 
 def base_reference(source: str, state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, Any]:
     """What an adapter-only checkpoint records of its base: ``source`` (init_from: a zoo checkpoint,
-    an HF folder or ``hf:<repo>``; a path made absolute), the base tensors ``keys`` it leaves out
-    and their fingerprint as ``state`` (the source's own tensors) holds them."""
-    hf = source.startswith("hf:") or zoo.hf.is_hf_folder(source)
+    an HF folder or ``hf:<repo>``, a GGUF file; a path made absolute), its ``format`` (:data:`BASE_FORMATS`),
+    the base tensors ``keys`` it leaves out and their fingerprint as ``state`` (the source's own tensors)
+    holds them."""
     where = source if source.startswith("hf:") else str(Path(source).expanduser().resolve())
-    return {"source": where, "format": "hf" if hf else "zoo", "sha256": fingerprint({k: state[k] for k in keys}),
+    return {"source": where, "format": base_format(source), "sha256": fingerprint({k: state[k] for k in keys}),
             "keys": sorted(keys)}
+
+
+BASE_FORMATS = ("zoo", "hf", "gguf")
+"""What a base can be: a zoo-train checkpoint, a Hugging Face folder (or ``hf:<repo>``), a llama.cpp GGUF file
+(read as float32, as ``init_from`` reads it)."""
+
+
+def base_format(source: str) -> str:
+    """The :data:`BASE_FORMATS` entry of ``source`` (an ``init_from`` value)."""
+    if source.lower().endswith(".gguf"):
+        return "gguf"
+    return "hf" if source.startswith("hf:") or zoo.hf.is_hf_folder(source) else "zoo"
 
 
 def with_base(checkpoint: dict[str, Any], *, source: str, map_location: Any = "cpu",
@@ -242,7 +254,7 @@ def with_base(checkpoint: dict[str, Any], *, source: str, map_location: Any = "c
     if ref is None:
         return checkpoint
     if not (isinstance(ref, dict) and isinstance(ref.get("source"), str) and isinstance(ref.get("sha256"), str)
-            and ref.get("format") in ("zoo", "hf") and isinstance(ref.get("keys"), list)):
+            and ref.get("format") in BASE_FORMATS and isinstance(ref.get("keys"), list)):
         raise zoo.CheckpointError(f"{source}: its base reference ({BASE_KEY}) is damaged; use a checkpoint zoo-train "
                                   f"wrote")
     base = ref["source"]
@@ -267,9 +279,9 @@ def with_base(checkpoint: dict[str, Any], *, source: str, map_location: Any = "c
 def _base_state(ref: dict[str, Any], map_location: Any, seen: frozenset[str]) -> dict[str, torch.Tensor]:
     """The tensors of the base ``ref`` names, under the task's names (``model.…``)."""
     base = ref["source"]
-    if ref["format"] == "hf":
+    if ref["format"] in ("hf", "gguf"):  # a pretrained model's own files: read as init_from read them
         try:
-            model = zoo.from_hf(base)
+            model = zoo.from_gguf(base, dtype=torch.float32) if ref["format"] == "gguf" else zoo.from_hf(base)
         except ValueError as error:  # CheckpointError (a missing or damaged file) included: it names the file
             raise zoo.CheckpointError(f"the base {base} of an adapter-only checkpoint cannot be read "
                                       f"({' '.join(str(error).split())[:200]})") from None

@@ -20,10 +20,12 @@ from omegaconf import OmegaConf
 from test_export_safety import export_in_process
 from test_reliability import one_line_error, run
 from test_tasks import STEPS, TINY
+from tokenizers import Tokenizer, models
 
 import zoo
 from tasks.cli.common import load_task
 from tasks.cli.pretrained import GGUFFile
+from tasks.data.tokenizers import Specials, read_hf_tokenizer
 
 pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -129,3 +131,96 @@ def test_init_from_gguf_starts_from_the_files_model(exported, tmp_path):
         logits = source.model()(batch["input_ids"])
     direct = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100).item()
     assert abs(_first_train_loss(run_dir) - direct) < 1e-4 * direct
+
+
+# ---- a GGUF file (or HF folder) where the verbs take a checkpoint; its chat template; adapter.save=only ----
+TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>"
+
+
+@pytest.fixture(scope="module")
+def templated(exported, tmp_path_factory) -> Path:
+    """The tiny export rewritten with a chat template (as a pretrained instruct model's file has one)."""
+    got = zoo.read_gguf(exported[0] / "model.gguf")
+    path = tmp_path_factory.mktemp("templated") / "chat.gguf"
+    zoo.to_gguf(got.model, path, tokenizer=got.tokenizer, specials=got.specials, add_bos=got.add_bos,
+                chat_template=TEMPLATE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def adapter_only(templated, tmp_path_factory) -> Path:
+    """last.ckpt of ``zoo-train init_from=<chat.gguf> adapter=lora adapter.save=only`` (2 steps)."""
+    tmp = tmp_path_factory.mktemp("adapter_only")
+    data = [s for s in TINY["gpt_generator"] if not s.startswith(("model.", "data.vocab_size"))]
+    done = run("train", "experiment=gpt_generator", f"init_from={templated}", "adapter=lora", "adapter.save=only",
+               *data, *SHORT, "trainer.max_steps=2", "test=false", f"hydra.run.dir={tmp / 'run'}", cwd=tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.slow
+def test_an_adapter_only_checkpoint_names_its_gguf_base_and_reads_it_back(adapter_only, templated, tmp_path):
+    stored = zoo.load_weights_file(adapter_only)
+    ref = stored["zoo_base"]
+    assert ref["format"] == "gguf" and ref["source"] == str(templated.resolve())
+    assert ref["keys"] and not set(ref["keys"]) & set(stored["state_dict"])  # the base stays in the file
+    task, _ = load_task(adapter_only)  # put back from the GGUF file, checked against its sha256
+    base = zoo.from_gguf(templated).state_dict()
+    assert all(torch.equal(task.state_dict()[k], base[k.removeprefix("model.")]) for k in ref["keys"])
+    moved = tmp_path / "elsewhere.gguf"
+    templated.rename(moved)
+    try:
+        done = run("generate", f"ckpt_path={adapter_only}", "prompt=def", "max_new_tokens=2", cwd=tmp_path)
+        one_line_error(done, "adapter.save=only", str(templated.resolve()))
+    finally:
+        moved.rename(templated)
+
+
+@pytest.mark.slow
+def test_the_chat_template_survives_training_into_the_exports(adapter_only, tmp_path):
+    stored = zoo.load_weights_file(adapter_only)
+    assert stored["tokenizer_specials"]["chat_template"] == TEMPLATE
+    out = tmp_path / "gguf"
+    done = run("export", f"ckpt_path={adapter_only}", f"out={out}", "format=gguf", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert zoo.read_gguf(out / "model.gguf").chat_template == TEMPLATE
+
+
+@pytest.mark.slow
+def test_generate_eval_and_attention_take_a_gguf_file(templated, tmp_path):
+    got = zoo.read_gguf(templated)
+    prompt = "def fib(n):"
+    ids = got.tokenizer.encode(prompt).ids
+    with torch.no_grad():
+        greedy = got.model.generate(torch.tensor([ids]), 6, do_sample=False)[0].tolist()
+    done = run("generate", f"ckpt_path={templated}", f"prompt={prompt}", "max_new_tokens=6", "do_sample=false",
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == got.tokenizer.decode(greedy, skip_special_tokens=True).strip()
+    refused = run("evaluate", f"ckpt_path={templated}", f"hydra.run.dir={tmp_path / 'refused'}", cwd=tmp_path)
+    one_line_error(refused, f"ckpt_path={templated}", "+data=")
+    data = ["+data=stdlib_code", "data.source_args.max_files=40", "data.seq_len=32", "data.batch_size=2",
+            "trainer.limit_test_batches=2"]
+    evaluated = run("evaluate", f"ckpt_path={templated}", *data, f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert 1 < metrics["test/ppl"] < 10 * got.model.config.vocab_size
+    drawn = run("attention", f"ckpt_path={templated}", f"prompt={prompt}", "plots=false",
+                f"hydra.run.dir={tmp_path / 'attention'}", cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    heads = (tmp_path / "attention" / "heads.md").read_text()
+    assert heads.count("\n") > got.model.config.n_layers * got.model.config.n_heads
+
+
+def test_specials_keep_a_chat_template_and_read_old_records(tmp_path):
+    record = Specials(eos=3, chat_template=TEMPLATE).record()
+    assert Specials.from_record(record).chat_template == TEMPLATE
+    old = {k: v for k, v in record.items() if k != "chat_template"}  # a checkpoint from before the field
+    assert Specials.from_record(old) == Specials(eos=3)
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "</s>": 1}, unk_token="a"))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 1}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    assert read_hf_tokenizer(tmp_path)[1].chat_template == TEMPLATE
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 writes it there
+    assert read_hf_tokenizer(tmp_path)[1].chat_template == "{{ messages }}"

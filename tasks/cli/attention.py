@@ -1,6 +1,7 @@
 """zoo-attention: where a model looks on one text — heatmaps, rollout and a per-head table.
 
     zoo-attention ckpt_path=<run>/checkpoints/last.ckpt prompt="def fib(n):"
+    zoo-attention ckpt_path=<file.gguf or HF model folder> prompt="The capital of France is"
     zoo-attention model_dir=export/t5 prompt="three hundred" target="trois cents"
 
 Runs one text through the model on the reference attention kernel (``zoo.capture_attention``) and
@@ -44,7 +45,8 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 import zoo
-from tasks.cli.common import conf_dir, hydra_errors, literal, load_task, quote_free_text, user_errors
+from tasks.cli.common import conf_dir, hydra_errors, literal, quote_free_text, user_errors
+from tasks.cli.pretrained import load_model_task
 from tasks.errors import UserError
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, layers_by_kind
 
@@ -78,12 +80,12 @@ class HeadRow:
 def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
     """The model (eval mode), its tokenizer and a name for where it came from."""
     if bool(cfg.ckpt_path) == bool(cfg.model_dir):
-        raise UserError("give ckpt_path=<zoo-train checkpoint> or model_dir=<zoo-export safetensors folder> "
-                        "(exactly one)")
+        raise UserError("give ckpt_path=<zoo-train checkpoint, HF model folder or GGUF file> or model_dir=<zoo-export "
+                        "safetensors folder> (exactly one)")
     if cfg.ckpt_path:
         if not Path(cfg.ckpt_path).expanduser().exists():
             raise UserError(f"ckpt_path={cfg.ckpt_path} is not a file (nothing is there); check the path")
-        task, _ = load_task(cfg.ckpt_path)  # a directory, an empty, text or damaged file: CheckpointError
+        task, _ = load_model_task(cfg.ckpt_path)  # an HF folder, a GGUF file; a damaged file: CheckpointError
         if cfg.tokenizer_path:
             return task.model.eval(), read_tokenizer(Path(cfg.tokenizer_path), "tokenizer_path"), str(cfg.ckpt_path)
         if task.tokenizer_json is None:

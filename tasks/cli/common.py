@@ -254,7 +254,17 @@ def layout_problem(checkpoint: Any) -> str | None:
 
 def data_module(info: dict[str, Any], task: ZooTask, **overrides: Any) -> TextDataModule:
     """The data module a checkpoint was trained on, with its own tokenizer; ``overrides`` are the
-    user's ``data.*`` settings."""
+    user's ``data.*`` settings. Overrides that name a data module of their own (``+data=<name>``,
+    whose ``_target_`` comes with it) replace the checkpoint's data, which a pretrained model
+    (``info`` without a data module) needs."""
+    overrides = dict(overrides)
+    target = overrides.pop("_target_", None)
+    if target is not None:  # +data=<name>: that data set, read with the model's tokenizer
+        info, overrides = {"data_module": str(target).rsplit(".", 1)[-1], "data": overrides}, {}
+    elif info.get("data_module") is None:
+        raise UserError(f"ckpt_path={info.get('source')} is a pretrained model, which brings no data to evaluate "
+                        f"on; name it, e.g. +data=stdlib_code data.seq_len=128 (a conf/data/ file, then its "
+                        f"settings)")
     if info.get("data_module") not in DATA_MODULES:
         raise zoo.CheckpointError(f"the checkpoint names data module {info.get('data_module')!r}, which is not one "
                                   f"of zoo's {DATA_MODULES.names()}")
@@ -272,7 +282,7 @@ def data_module(info: dict[str, Any], task: ZooTask, **overrides: Any) -> TextDa
         dm = cls(**settings)
     except (TypeError, ValueError) as error:
         raise zoo.CheckpointError(f"the checkpoint's data settings do not fit {cls.__name__} ({error})") from None
-    dm.tokenizer = task.tokenizer
+    dm.use_tokenizer(task.tokenizer, task.special_tokens)  # with its special ids (an HF folder's, a GGUF file's)
     return dm
 
 

@@ -1,4 +1,5 @@
-"""zoo-eval: the test (or validation) metrics of a checkpoint, on the data it was trained on."""
+"""zoo-eval: the test (or validation) metrics of a checkpoint, on the data it was trained on; or of a
+pretrained model (an HF folder, a GGUF file) on the data ``+data=<name>`` names."""
 
 from __future__ import annotations
 
@@ -19,23 +20,30 @@ from tasks.cli.common import (
     data_module,
     for_inference,
     hydra_errors,
-    load_task,
     quiet_libraries,
+    register_data_schemas,
     user_errors,
 )
+from tasks.cli.pretrained import load_model_task
 from tasks.errors import UserError
 from zoo.io import atomic_write_text
+
+
+def main() -> dict[str, float]:
+    """zoo-eval: register the data schemas that ``+data=<name>`` composes (not on import), then run."""
+    register_data_schemas()
+    return run()
 
 
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
 @user_errors
-def main(cfg: DictConfig) -> dict[str, float]:
+def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.split not in ("test", "val"):
         raise UserError(f"split={cfg.split!r} must be 'test' or 'val'")
     check_values(cfg)  # data.* overrides (+data.batch_size=0 …)
     quiet_libraries()
-    task, info = load_task(cfg.ckpt_path)
+    task, info = load_model_task(cfg.ckpt_path)
     for_inference(task, cfg)  # quantize= / kv_cache=: the metrics of the model in those precisions
     datamodule = data_module(info, task, **OmegaConf.to_container(cfg.data, resolve=True))
     trainer = instantiate(cfg.trainer, callbacks=[RichProgressBar()], enable_checkpointing=False)

@@ -87,7 +87,8 @@ def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], ca
     before, _ = added_around(tokenizer)
     with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
         arch = zoo.to_gguf(task.model, stage / FILE, dtype=dtype, tokenizer=tokenizer, specials=specials.record(),
-                           add_bos=specials.bos is not None and before == [specials.bos], name=f"zoo {config['task']}")
+                           add_bos=specials.bos is not None and before == [specials.bos],
+                           chat_template=specials.chat_template, name=f"zoo {config['task']}")
         atomic_write_text(stage / "config.json", json.dumps(config, indent=2))
         if card is not None:
             atomic_write_text(stage / "README.md", card)

@@ -1,6 +1,7 @@
 """zoo-generate: what a checkpoint does with a prompt, as its task answers (``ZooTask.respond``):
 continue it (generator), translate it (translator), label it (classifier) or fill its <mask>
-tokens (mlm).
+tokens (mlm). ``ckpt_path=`` may name a pretrained model instead (an HF folder, a GGUF file): its
+form's task answers (``tasks.cli.pretrained.source_task``).
 
 ``prompt=`` passes through literally (``${...}`` is text, not an interpolation). A mistake (no or a
 damaged checkpoint, an empty prompt, a setting out of range) ends in one ``zoo: …`` line, exit 2; a
@@ -18,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.common import conf_dir, for_inference, hydra_errors, literal, load_task, quote_free_text, user_errors
+from tasks.cli.common import conf_dir, for_inference, hydra_errors, literal, quote_free_text, user_errors
+from tasks.cli.pretrained import load_model_task
 from tasks.errors import UserError
 from zoo.generation import GenerationLimitWarning, PromptError
 
@@ -66,8 +68,9 @@ def main(cfg: DictConfig) -> str:
     if not isinstance(cfg.compile, bool):
         raise UserError(f"compile={cfg.compile!r} must be true or false")
     torch.manual_seed(cfg.seed)
-    given(cfg, "ckpt_path", "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt")
-    task, info = load_task(cfg.ckpt_path)
+    given(cfg, "ckpt_path", "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt, or a "
+                            "pretrained model (an HF folder, a GGUF file)")
+    task, info = load_model_task(cfg.ckpt_path)
     for_inference(task, cfg)  # quantize= / kv_cache=
     if task.tokenizer_json is None:
         raise zoo.CheckpointError(f"{cfg.ckpt_path} holds no tokenizer; pass a checkpoint that zoo-train wrote")

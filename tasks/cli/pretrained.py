@@ -6,7 +6,11 @@ what does not touch the weights (dropout, the attention kernel, the heads a task
 
 Each kind of source is a :class:`PretrainedSource` (:data:`SOURCES`): an HF folder (config.json,
 safetensors, tokenizer.json) or a llama.cpp GGUF file (everything in one file, quantized tensors
-dequantized to float32)."""
+dequantized to float32).
+
+zoo-eval, zoo-generate and zoo-attention take a source where they take a checkpoint (``load_model_task``):
+the source gives the model and the tokenizer, and the task that answers with that model's form
+(``source_task``: a decoder continues text, an encoder-decoder translates)."""
 
 from __future__ import annotations
 
@@ -18,13 +22,14 @@ from typing import Any, ClassVar
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from tokenizers import Tokenizer
 
 import zoo
-from tasks.cli.common import model_config
+from tasks import TASKS, ZooTask
+from tasks.cli.common import load_task, model_config
 from tasks.data.tokenizers import Specials, read_hf_tokenizer
-from tasks.errors import DataError
+from tasks.errors import DataError, UserError
 
 ADJUSTABLE = ("dropout", "attn_dropout", "attention", "init_std", "pooler", "mlm_head")
 """Model fields a run may set on top of a pretrained model: regularisation, the kernel, and the
@@ -105,10 +110,11 @@ class GGUFFile(PretrainedSource):
         if got.tokenizer is None:
             raise DataError(f"{where}: the file holds no vocabulary (tokenizer.ggml.*), so its token ids mean "
                             "nothing to zoo's data; use a GGUF file with its tokenizer")
-        roles = {f.name for f in fields(Specials)} - {"others", "origin"}
+        roles = {f.name for f in fields(Specials)} - {"others", "origin", "chat_template"}
         ids = {role: i for role, i in got.specials.items() if role in roles}
         others = frozenset(i for role, i in got.specials.items() if role not in roles)  # eot...
-        return got.tokenizer, Specials(**{"decoder_start": ids.get("pad"), **ids}, others=others, origin=where)
+        return got.tokenizer, Specials(**{"decoder_start": ids.get("pad"), **ids}, others=others, origin=where,
+                                       chat_template=got.chat_template)
 
     def loaded(self) -> str:
         types = sorted({t for kinds in self.contents.loaded.values() for t in kinds.split("+")})
@@ -130,18 +136,44 @@ def pretrained_source(init_from: Any) -> PretrainedSource:
     return cls(cls.resolve(str(init_from)), str(init_from))
 
 
-def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
-    """Read the source's model and make ``cfg.model`` its config (plus the adjustable fields the run
-    sets); returns the model, whose weights the task then loads."""
-    if isinstance(source, GGUFFile) and OmegaConf.select(cfg, "adapter.save", default="full") == "only":
-        raise zoo.ConfigError(f"adapter.save=only: an adapter-only checkpoint names its base to re-read, and a GGUF "
-                              f"base (init_from={source.given}) is not one it can re-read yet; use adapter.save=full")
+def read_model(source: PretrainedSource, field: str) -> zoo.ZooModel:
+    """The source's model; a setting of its family that zoo cannot reproduce is a ConfigError naming
+    ``field`` (the setting that gave the source), a missing or damaged file the source's CheckpointError."""
     try:
-        model = source.model()
+        return source.model()
     except zoo.CheckpointError:  # a missing or damaged file: its own one-line error
         raise
     except ValueError as error:  # a setting of the family zoo cannot reproduce
-        raise zoo.ConfigError(f"init_from={cfg.init_from}: {error}") from None
+        raise zoo.ConfigError(f"{field}={source.given}: {error}") from None
+
+
+def load_model_task(path: str | Path) -> tuple[ZooTask, dict[str, Any]]:
+    """What the verbs read from ``ckpt_path``: a zoo-train checkpoint (``load_task``), or a pretrained
+    source (``source_task``); the task in eval mode and its run record."""
+    return source_task(pretrained_source(path)) if is_pretrained_source(path) else load_task(path)
+
+
+def source_task(source: PretrainedSource) -> tuple[ZooTask, dict[str, Any]]:
+    """The task that answers with the source's model and tokenizer, as zoo-train would have built it
+    from ``init_from`` before any step; its run record names the task and no data (the source has none)."""
+    model = read_model(source, "ckpt_path")
+    names = [name for name in TASKS.names() if model.config.arch in TASKS.get(name).forms]
+    if len(names) != 1:  # an encoder: a classifier's or an MLM's, which the source cannot say
+        raise UserError(f"ckpt_path={source.given} is a pretrained {model.config.arch}, which {' and '.join(names)} "
+                        f"tasks train alike; fine-tune it with zoo-train init_from={source.given} task=<one of them> "
+                        f"and pass that run's checkpoint")
+    tokenizer, specials = source.tokenizer()
+    task = TASKS.get(names[0])(model=model.config.to_dict(), optimizer={}, tokenizer_json=tokenizer.to_str())
+    task.model = model  # the source's weights (the task's own fresh model is dropped)
+    task.specials = specials.record()
+    task.run_info = {"task": names[0], "data_module": None, "data": {}, "source": source.given}
+    return task.eval(), task.run_info
+
+
+def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
+    """Read the source's model and make ``cfg.model`` its config (plus the adjustable fields the run
+    sets); returns the model, whose weights the task then loads."""
+    model = read_model(source, "init_from")
     theirs, explicit = model.config, _model_overrides()
     for key in explicit:
         mine = cfg.model.get(key)

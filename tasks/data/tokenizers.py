@@ -32,7 +32,9 @@ class Specials:
 
     ``decoder_start`` is the first decoder input of an encoder-decoder (T5 and zoo: pad). ``others``
     are further ids the tokenizer marks special (T5's sentinels, Llama 3's other eos ids).
-    ``origin`` names where the tokenizer came from, for error messages.
+    ``origin`` names where the tokenizer came from, for error messages. ``chat_template`` is the
+    model's Jinja chat template as text (a GGUF file's, an HF folder's), carried through training
+    into the exports; text to render in a sandbox, never code to run.
     """
 
     pad: int | None = None
@@ -45,6 +47,7 @@ class Specials:
     decoder_start: int | None = None
     others: frozenset[int] = frozenset()
     origin: str = "zoo's tokenizer"
+    chat_template: str | None = None
 
     @classmethod
     def zoo(cls) -> Specials:
@@ -181,7 +184,25 @@ def read_hf_tokenizer(folder: str | Path, field: str = "init_from") -> tuple[Tok
                             f"not have; correct or remove that entry")
     ids.setdefault("decoder_start", ids.get("pad"))  # T5's convention, which zoo's encoder-decoders follow
     others |= {i for i, token in tok.get_added_tokens_decoder().items() if token.special}
-    return tok, Specials(**ids, others=frozenset(others), origin=where)
+    return tok, Specials(**ids, others=frozenset(others), origin=where, chat_template=_chat_template(folder, where))
+
+
+def _chat_template(folder: Path, where: str) -> str | None:
+    """The folder's chat template: chat_template.jinja (transformers 5 writes it there), else the
+    "chat_template" of tokenizer_config.json (as a string, or the entry named "default" of a list)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataError(f"{where}: chat_template.jinja is not readable text ({error}); repair or remove it") \
+                from error
+    entry = _read_json(folder / "tokenizer_config.json", where).get("chat_template")
+    if isinstance(entry, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        entry = next((t.get("template") for t in entry if isinstance(t, dict) and t.get("name") == "default"), None)
+    if entry is not None and not isinstance(entry, str):
+        raise DataError(f"{where}: tokenizer_config.json has a chat_template that is not text; repair or remove it")
+    return entry
 
 
 def _model_ids(config: dict[str, Any], where: str) -> tuple[dict[str, int | None], set[int]]:
