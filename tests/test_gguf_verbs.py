@@ -209,6 +209,7 @@ def test_generate_eval_and_attention_take_a_gguf_file(templated, tmp_path):
                 f"hydra.run.dir={tmp_path / 'attention'}", cwd=tmp_path)
     assert drawn.returncode == 0, drawn.stderr[-3000:]
     heads = (tmp_path / "attention" / "heads.md").read_text()
+    assert f"text: {prompt!r}" in heads  # the text given as prompt= (not text=, its older name)
     assert heads.count("\n") > got.model.config.n_layers * got.model.config.n_heads
 
 

@@ -347,7 +347,7 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
 
     thresholds = (f"flat: normalised entropy > {cfg.flat_threshold}; sink: first-token mass > {cfg.sink_threshold}; "
                   f"diagonal / previous: self / previous mass > {cfg.diagonal_threshold}")
-    text = literal(cfg, "text")
+    text = the_text(cfg)  # prompt= or text=
     header = [f"# Attention heads of {source}", "", f"text: {text!r}", *[f"note: {n}" for n in inputs.notes],
               "", "Rows that see a single key (the first under a causal mask) are left out of the means. "
               f"{thresholds}."]
