@@ -14,7 +14,7 @@ from test_tasks import STEPS, TINY
 
 from tasks.data.loading import BucketBatchSampler
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # minutes: python -m pytest -m heavy (CI runs them)
 
 
 def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

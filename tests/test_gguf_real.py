@@ -19,7 +19,7 @@ import zoo
 pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # minutes: python -m pytest -m heavy (CI runs them)
 
 NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three primary colors."]

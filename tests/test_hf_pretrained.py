@@ -27,7 +27,7 @@ from tasks.data.tokenizers import read_hf_tokenizer
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # minutes: python -m pytest -m heavy (CI runs them)
 VOCAB = 320
 STEPS = ["trainer.val_check_interval=2", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
          "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "callbacks.rich_progress_bar=null",
