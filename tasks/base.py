@@ -284,7 +284,8 @@ class ZooTask(L.LightningModule):
 def no_base_error(why: str) -> zoo.ConfigError:
     """The refusal of ``adapter.save=only`` in a run whose base could not be named (``why``)."""
     return zoo.ConfigError(f"adapter.save=only keeps the frozen base out of checkpoints, but this run has {why}: its "
-                           f"base would be lost; set init_from=<checkpoint or HF folder>, or adapter.save=full")
+                           f"base would be lost; set init_from=<checkpoint, HF folder or GGUF file>, or "
+                           f"adapter.save=full")
 
 
 def check_tensors(cfg: zoo.ModelConfig, state: dict[str, Any], source: str) -> None:

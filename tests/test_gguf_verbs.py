@@ -184,6 +184,10 @@ def test_the_chat_template_survives_training_into_the_exports(adapter_only, tmp_
     done = run("export", f"ckpt_path={adapter_only}", f"out={out}", "format=gguf", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert zoo.read_gguf(out / "model.gguf").chat_template == TEMPLATE
+    hf = tmp_path / "hf"
+    done = run("export", f"ckpt_path={adapter_only}", f"out={hf}", "format=hf", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert transformers.AutoTokenizer.from_pretrained(hf).chat_template == TEMPLATE
 
 
 @pytest.mark.slow

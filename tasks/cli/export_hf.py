@@ -93,8 +93,8 @@ def hf_generation(settings: dict[str, Any]) -> dict[str, Any]:
 
 def tokenizer_files(task: ZooTask) -> dict[str, str]:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json, as transformers writes them
-    for a fast tokenizer: the special tokens named by their text, the model's length limit, and
-    left padding for a decoder (its batched generation needs it)."""
+    for a fast tokenizer: the special tokens named by their text, the model's length limit, left
+    padding for a decoder (its batched generation needs it) and the chat template, if any."""
     specials = task.special_tokens
     tokenizer = task.export_tokenizer()
     tokens = {f"{role}_token": tokenizer.id_to_token(getattr(specials, role)) for role in ROLES
@@ -104,6 +104,8 @@ def tokenizer_files(task: ZooTask) -> dict[str, str]:
               "model_max_length": cfg.max_seq_len or 1_000_000,
               "padding_side": "left" if type(task.model).decoding is not None and not type(task.model).cross_attention
               else "right", **tokens}
+    if getattr(specials, "chat_template", None):  # a model started from a chat model keeps its template
+        config["chat_template"] = specials.chat_template
     return {"tokenizer.json": tokenizer.to_str(pretty=True), "tokenizer_config.json": _json(config),
             "special_tokens_map.json": _json(tokens)}
 
