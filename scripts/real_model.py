@@ -49,10 +49,20 @@ from zoo.io import atomic_write_text
 
 DATA = ["data.source=stdlib_docstrings", "data.source_args=null", "data.seq_len=128", "data.batch_size=4"]
 EVAL = ["+data=stdlib_code", *DATA, "trainer.limit_test_batches=8"]  # 32 held-out rows of 128 tokens
-TRAIN = ["experiment=gpt_generator", "adapter=lora", *DATA, "optimizer.lr=1e-3", "scheduler.warmup_steps=0",
-         "scheduler.min_lr_ratio=1.0",  # constant: a run stopped and resumed has the same learning rates
-         "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0",
-         "task.sample_tokens=16", "task.sample_prompt=Return", "test=false"]
+TRAIN = [
+    "experiment=gpt_generator",
+    "adapter=lora",
+    *DATA,
+    "optimizer.lr=1e-3",
+    "scheduler.warmup_steps=0",
+    "scheduler.min_lr_ratio=1.0",  # constant: a run stopped and resumed has the same learning rates
+    "trainer.log_every_n_steps=1",
+    "trainer.limit_val_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "task.sample_tokens=16",
+    "task.sample_prompt=Return",
+    "test=false",
+]
 QUESTION = "What is the capital of France?"
 SPEED = re.compile(r"(\d+) new tokens in ([\d.]+) s \(([\d,.]+) tokens/s\)")
 FAST = ["quantize=int8", "kv_cache=int8", "compile=true"]
@@ -69,18 +79,25 @@ class Stages:
 
     def verb(self, stage: str, verb: str, *args: str) -> subprocess.CompletedProcess:
         """``python -m tasks.cli.<verb> args``; its output in logs/<stage>.log; exits on failure."""
-        bar = self.progress.add_task(f"{stage}: zoo-{verb} {' '.join(a for a in args if '/' not in a)[:70]}",
-                                     total=None)
+        bar = self.progress.add_task(
+            f"{stage}: zoo-{verb} {' '.join(a for a in args if '/' not in a)[:70]}", total=None
+        )
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", f"tasks.cli.{verb}", *args], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        done = subprocess.run(
+            [sys.executable, "-m", f"tasks.cli.{verb}", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
         atomic_write_text(self.out / "logs" / f"{stage}.log", done.stdout + "\n--- stderr ---\n" + done.stderr)
         self.progress.update(bar, total=1, completed=1)
         if done.returncode != 0:
             self.progress.stop()
-            sys.exit(f"{stage} failed (exit {done.returncode}); see {self.out / 'logs' / f'{stage}.log'}:\n"
-                     f"{done.stderr[-2000:]}")
+            sys.exit(
+                f"{stage} failed (exit {done.returncode}); see {self.out / 'logs' / f'{stage}.log'}:\n"
+                f"{done.stderr[-2000:]}"
+            )
         return done
 
     def say(self, text: str) -> None:
@@ -105,21 +122,40 @@ def losses(run_dir: Path) -> dict[int, float]:
 def fine_tune(stages: Stages, gguf: Path, steps: int) -> tuple[Path, dict[str, Any]]:
     """The LoRA run (uninterrupted), and the resume check: 2 steps, resumed to 4, against its steps 3-4."""
     run_dir = stages.out / "train"
-    stages.verb("train", "train", f"init_from={gguf}", *TRAIN, f"trainer.max_steps={steps}",
-                f"trainer.val_check_interval={steps}", f"hydra.run.dir={run_dir}")
+    stages.verb(
+        "train",
+        "train",
+        f"init_from={gguf}",
+        *TRAIN,
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",
+        f"hydra.run.dir={run_dir}",
+    )
     whole = losses(run_dir)
     stages.say(f"train: {steps} LoRA steps, loss {whole[min(whole)]:.3f} -> {whole[max(whole)]:.3f}")
     short = stages.out / "resumed"
-    stages.verb("resume", "train", f"init_from={gguf}", *TRAIN, "trainer.max_steps=2", "trainer.val_check_interval=2",
-                f"hydra.run.dir={short}")
+    stages.verb(
+        "resume",
+        "train",
+        f"init_from={gguf}",
+        *TRAIN,
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        f"hydra.run.dir={short}",
+    )
     stages.verb("resume", "train", f"resume={short}", "trainer.max_steps=4")
     resumed = losses(short)
     after = sorted(s for s in resumed if s >= 2)  # rows the resumed process logged (its checkpoint: step 2)
     exact = bool(after) and all(resumed[s] == whole[s] for s in after)
-    stages.say(f"resume: steps {after} after the resume {'equal' if exact else 'DIFFER from'} the uninterrupted "
-               f"run's ({', '.join(f'{resumed[s]:.6f}' for s in after)})")
-    return run_dir / "checkpoints" / "last.ckpt", {"losses": whole, "resumed": {s: resumed[s] for s in after},
-                                                   "resume_exact": exact}
+    stages.say(
+        f"resume: steps {after} after the resume {'equal' if exact else 'DIFFER from'} the uninterrupted "
+        f"run's ({', '.join(f'{resumed[s]:.6f}' for s in after)})"
+    )
+    return run_dir / "checkpoints" / "last.ckpt", {
+        "losses": whole,
+        "resumed": {s: resumed[s] for s in after},
+        "resume_exact": exact,
+    }
 
 
 def chat(gguf: Path) -> str:
@@ -129,20 +165,32 @@ def chat(gguf: Path) -> str:
 
     field = GGUFReader(gguf).fields["tokenizer.chat_template"]
     template = bytes(field.parts[field.data[0]]).decode("utf-8")
-    return ImmutableSandboxedEnvironment().from_string(template).render(
-        messages=[{"role": "user", "content": QUESTION}], add_generation_prompt=True)
+    return (
+        ImmutableSandboxedEnvironment()
+        .from_string(template)
+        .render(messages=[{"role": "user", "content": QUESTION}], add_generation_prompt=True)
+    )
 
 
 def answers(stages: Stages, ckpt: Path, prompt: str) -> dict[str, Any]:
     """zoo-generate of the fine-tuned checkpoint, greedy, plain and with FAST; text and tokens/s."""
     got: dict[str, Any] = {}
     for name, extra in (("fp32", []), ("int8+int8 KV", FAST[:2]), ("int8+int8 KV, compiled", FAST)):
-        done = stages.verb(f"generate {name}", "generate", f"ckpt_path={ckpt}", f"prompt={prompt}", "do_sample=false",
-                           "max_new_tokens=32", *extra)
+        done = stages.verb(
+            f"generate {name}",
+            "generate",
+            f"ckpt_path={ckpt}",
+            f"prompt={prompt}",
+            "do_sample=false",
+            "max_new_tokens=32",
+            *extra,
+        )
         speed = SPEED.search(done.stderr)
         shown = SPECIAL.sub("", prompt).strip()  # the prompt as zoo-generate prints it: special tokens skipped
-        got[name] = {"text": done.stdout.strip().removeprefix(shown).strip(),
-                     "tokens_per_s": float(speed.group(3).replace(",", "")) if speed else None}
+        got[name] = {
+            "text": done.stdout.strip().removeprefix(shown).strip(),
+            "tokens_per_s": float(speed.group(3).replace(",", "")) if speed else None,
+        }
         stages.say(f"generate ({name}): {got[name]['tokens_per_s']} tokens/s: {got[name]['text'][:100]!r}")
     return got
 
@@ -165,15 +213,22 @@ def exports(stages: Stages, ckpt: Path) -> dict[str, float]:
         theirs = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()(ids).logits
         read = zoo.read_gguf(gg / "model.gguf").model(ids)
     diff = {"hf": (ours - theirs).abs().max().item(), "gguf f16": (ours - read).abs().max().item()}
-    stages.say(f"exports: max |logit difference| from the checkpoint: hf {diff['hf']:.2e}, gguf f16 "
-               f"{diff['gguf f16']:.2e} (logits up to {ours.abs().max().item():.1f})")
+    stages.say(
+        f"exports: max |logit difference| from the checkpoint: hf {diff['hf']:.2e}, gguf f16 "
+        f"{diff['gguf f16']:.2e} (logits up to {ours.abs().max().item():.1f})"
+    )
     return diff
 
 
 def attention(stages: Stages, gguf: Path) -> dict[str, Any]:
     run_dir = stages.out / "attention"
-    stages.verb("attention", "attention", f"ckpt_path={gguf}", "prompt=The capital of France is Paris.",
-                f"hydra.run.dir={run_dir}")
+    stages.verb(
+        "attention",
+        "attention",
+        f"ckpt_path={gguf}",
+        "prompt=The capital of France is Paris.",
+        f"hydra.run.dir={run_dir}",
+    )
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     stages.say(f"attention: {len(pngs)} images and heads.md in {run_dir}")
     return {"images": len(pngs), "summary": json.loads((run_dir / "summary.json").read_text())}
@@ -191,21 +246,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         generated = answers(stages, ckpt, chat(gguf))
         diffs = exports(stages, ckpt)
         drawn = attention(stages, gguf)
-    return {"model": gguf.name, "out": str(out), "steps": args.steps, "ppl_before": before, "ppl_after": after,
-            **trained, "generate": generated, "export_logit_diff": diffs, "attention": drawn,
-            "seconds": {k: round(v, 1) for k, v in stages.seconds.items()},
-            "total_s": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads()}
+    return {
+        "model": gguf.name,
+        "out": str(out),
+        "steps": args.steps,
+        "ppl_before": before,
+        "ppl_after": after,
+        **trained,
+        "generate": generated,
+        "export_logit_diff": diffs,
+        "attention": drawn,
+        "seconds": {k: round(v, 1) for k, v in stages.seconds.items()},
+        "total_s": round(time.perf_counter() - start, 1),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
     gen = result["generate"]
-    rows = [("perplexity before (GGUF file)", f"{result['ppl_before']:.2f}"),
-            (f"perplexity after {result['steps']} LoRA steps", f"{result['ppl_after']:.2f}"),
-            ("resume (2 + 2 steps vs 4)", "same losses" if result["resume_exact"] else "losses differ"),
-            *((f"zoo-generate {name}", f"{g['tokens_per_s']} tokens/s") for name, g in gen.items()),
-            *((f"export {k}: max logit difference", f"{v:.1e}") for k, v in result["export_logit_diff"].items()),
-            ("zoo-attention", f"{result['attention']['images']} images"),
-            ("total time", f"{result['total_s'] / 60:.1f} min ({result['threads']} threads)")]
+    rows = [
+        ("perplexity before (GGUF file)", f"{result['ppl_before']:.2f}"),
+        (f"perplexity after {result['steps']} LoRA steps", f"{result['ppl_after']:.2f}"),
+        ("resume (2 + 2 steps vs 4)", "same losses" if result["resume_exact"] else "losses differ"),
+        *((f"zoo-generate {name}", f"{g['tokens_per_s']} tokens/s") for name, g in gen.items()),
+        *((f"export {k}: max logit difference", f"{v:.1e}") for k, v in result["export_logit_diff"].items()),
+        ("zoo-attention", f"{result['attention']['images']} images"),
+        ("total time", f"{result['total_s'] / 60:.1f} min ({result['threads']} threads)"),
+    ]
     return "\n".join(["| stage | figure |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
 
 
@@ -225,8 +292,9 @@ def main(argv: list[str] | None = None) -> None:
         table.add_row(*[cell.strip() for cell in line.strip("|").split("|")])
     Console().print(table)
     print(f"written: {out / 'real_model.json'}, {out / 'real_model.md'}")
-    if not (math.isfinite(result["ppl_after"]) and result["ppl_after"] < result["ppl_before"]
-            and result["resume_exact"]):
+    if not (
+        math.isfinite(result["ppl_after"]) and result["ppl_after"] < result["ppl_before"] and result["resume_exact"]
+    ):
         sys.exit("the fine-tune did not lower the perplexity, or the resume was not exact (see above)")
 
 

@@ -9,8 +9,12 @@ from tasks.translator import TranslatorTask
 
 TASKS: zoo.Registry[type[ZooTask]] = zoo.Registry("task")
 """Tasks by the name a checkpoint records (``zoo_run.task``) and conf/task/ files are named after."""
-for _name, _task in (("generator", GeneratorTask), ("classifier", ClassifierTask), ("mlm", MLMTask),
-                     ("translator", TranslatorTask)):
+for _name, _task in (
+    ("generator", GeneratorTask),
+    ("classifier", ClassifierTask),
+    ("mlm", MLMTask),
+    ("translator", TranslatorTask),
+):
     TASKS.register(_name)(_task)
 
 __all__ = ["TASKS", "ClassifierTask", "GeneratorTask", "MLMTask", "TranslatorTask", "ZooTask"]

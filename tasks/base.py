@@ -34,8 +34,15 @@ class ZooTask(L.LightningModule):
 
     forms: ClassVar[tuple[str, ...]] = ()  # architecture forms the task can train
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any] | None = None,
-                 tokenizer_json: str | None = None, adapter: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any] | None = None,
+        tokenizer_json: str | None = None,
+        adapter: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_json"])
         cfg = zoo.ModelConfig.from_dict(dict(model))
@@ -45,8 +52,10 @@ class ZooTask(L.LightningModule):
         name = settings.pop("name", "none")
         self.adapter_save = settings.pop("save", "full")  # conf/adapter: full, or only (the adapter + its base's name)
         if self.adapter_save not in SAVE_MODES or (self.adapter_save == "only" and name == "none"):
-            raise zoo.ConfigError(f"adapter.save={self.adapter_save!r}: choose full or only (only with an adapter "
-                                  f"such as adapter=lora: without one every tensor trains)")
+            raise zoo.ConfigError(
+                f"adapter.save={self.adapter_save!r}: choose full or only (only with an adapter "
+                f"such as adapter=lora: without one every tensor trains)"
+            )
         if name != "none":  # conf/adapter: LoRA freezes the model and trains its adapters
             zoo.adapters.apply(self.model, name, **settings)
         self.optimizer_settings = dict(optimizer)
@@ -61,8 +70,10 @@ class ZooTask(L.LightningModule):
     def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
         """Raise ConfigError when this task cannot train a model of that config."""
         if cls.forms and cfg.arch not in cls.forms:
-            raise zoo.ConfigError(f"arch={cfg.arch!r} cannot be trained by {cls.__name__}, which trains "
-                                  f"{' or '.join(cls.forms)} models (choose another model or task)")
+            raise zoo.ConfigError(
+                f"arch={cfg.arch!r} cannot be trained by {cls.__name__}, which trains "
+                f"{' or '.join(cls.forms)} models (choose another model or task)"
+            )
         cfg.validate()
 
     @classmethod
@@ -112,8 +123,13 @@ class ZooTask(L.LightningModule):
         """``model_step``, then the log: ``<stage>/loss`` (on the progress bar except in testing, averaged
         over processes except in training) and the stage's metrics (on the bar in validation)."""
         loss = self.model_step(batch, batch_idx, stage)
-        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train",
-                 batch_size=len(batch["input_ids"]))
+        self.log(
+            f"{stage}/loss",
+            loss,
+            prog_bar=stage != "test",
+            sync_dist=stage != "train",
+            batch_size=len(batch["input_ids"]),
+        )
         self.log_dict(self.metrics_at(stage), prog_bar=stage == "val")
         return loss
 
@@ -139,8 +155,10 @@ class ZooTask(L.LightningModule):
         ids = self.tokenizer.encode(prompt).ids
         limit = self.model.max_positions
         if limit is not None and len(ids) > limit:
-            raise UserError(f"prompt= is {len(ids)} tokens long but this model numbers at most {limit} positions "
-                            f"(max_seq_len); shorten it")
+            raise UserError(
+                f"prompt= is {len(ids)} tokens long but this model numbers at most {limit} positions "
+                f"(max_seq_len); shorten it"
+            )
         return ids
 
     def export_info(self, fmt: str) -> dict[str, Any]:
@@ -200,8 +218,9 @@ class ZooTask(L.LightningModule):
             return
         self.base_ref = self.base_ref or (resumed or {}).get(BASE_KEY)
         if self.base_ref is None:
-            raise no_base_error("ckpt_path's checkpoint holds the whole model and names no base" if resumed
-                                else "no init_from")
+            raise no_base_error(
+                "ckpt_path's checkpoint holds the whole model and names no base" if resumed else "no init_from"
+            )
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict[str, Any], *, source: str = "the checkpoint") -> ZooTask:
@@ -220,8 +239,9 @@ class ZooTask(L.LightningModule):
         check_tensors(cfg, {k: v for k, v in state.items() if not zoo.adapters.is_adapter_tensor(k)}, source)
         bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
         if bad is not None:
-            raise zoo.CheckpointError(f"{source}: tensor {bad} holds NaN or infinite values; use a checkpoint saved "
-                                      f"before the run diverged")
+            raise zoo.CheckpointError(
+                f"{source}: tensor {bad} holds NaN or infinite values; use a checkpoint saved before the run diverged"
+            )
         try:
             Tokenizer.from_str(checkpoint["tokenizer_json"])
         except Exception as error:  # the tokenizers library raises its own exception types
@@ -229,14 +249,16 @@ class ZooTask(L.LightningModule):
         try:
             task = cls(**hparams, tokenizer_json=checkpoint["tokenizer_json"])
         except (TypeError, ValueError, zoo.ConfigError) as error:
-            raise zoo.CheckpointError(f"{source}: its task settings do not fit {cls.__name__} "
-                                      f"({_first_line(error)})") from None
+            raise zoo.CheckpointError(
+                f"{source}: its task settings do not fit {cls.__name__} ({_first_line(error)})"
+            ) from None
         task.on_load_checkpoint(checkpoint)
         try:
             task.load_state_dict(state)
         except RuntimeError as error:
-            raise zoo.CheckpointError(f"{source}: its tensors do not fit {cls.__name__} ({_first_line(error)})") \
-                from None
+            raise zoo.CheckpointError(
+                f"{source}: its tensors do not fit {cls.__name__} ({_first_line(error)})"
+            ) from None
         return task
 
     def init_from(self, checkpoint: dict[str, Any], *, source: str, partial: bool = False) -> None:
@@ -255,13 +277,17 @@ class ZooTask(L.LightningModule):
         clash = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
         if clash:
             k = clash[0]
-            problems.append(f"{len(clash)} tensors differ in shape, e.g. {k} {tuple(state[k].shape)} there, "
-                            f"{tuple(own[k].shape)} here ({_size_diff(theirs, mine)})")
+            problems.append(
+                f"{len(clash)} tensors differ in shape, e.g. {k} {tuple(state[k].shape)} there, "
+                f"{tuple(own[k].shape)} here ({_size_diff(theirs, mine)})"
+            )
         loaded = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
         if problems and not partial:
-            raise zoo.ConfigError(f"init_from={source}: {'; '.join(problems)}; only {len(loaded)} of {len(own)} "
-                                  f"tensors would load. Choose a checkpoint of the same form and sizes, or set "
-                                  f"init_partial=true to load what fits")
+            raise zoo.ConfigError(
+                f"init_from={source}: {'; '.join(problems)}; only {len(loaded)} of {len(own)} "
+                f"tensors would load. Choose a checkpoint of the same form and sizes, or set "
+                f"init_partial=true to load what fits"
+            )
         self.load_state_dict(loaded, strict=False)
         if self.adapter_save == "only":  # the base tensors that stay frozen: checkpoints name them, not hold them
             trains = {k for k, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
@@ -269,30 +295,39 @@ class ZooTask(L.LightningModule):
         skipped = sorted(set(state) - set(loaded))
         fresh = sorted(set(own) - set(loaded))
         names = f" ({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''})" if skipped else ""
-        print(f"init_from {source}: {len(loaded)} tensors loaded, {len(skipped)} skipped{names}, {len(fresh)} freshly "
-              f"initialised")
+        print(
+            f"init_from {source}: {len(loaded)} tensors loaded, {len(skipped)} skipped{names}, {len(fresh)} freshly "
+            f"initialised"
+        )
 
     # ---- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = adamw(self, **self.optimizer_settings)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(
-            self.scheduler_settings["warmup_steps"], total, self.scheduler_settings["min_lr_ratio"]))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            warmup_cosine(self.scheduler_settings["warmup_steps"], total, self.scheduler_settings["min_lr_ratio"]),
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 def no_base_error(why: str) -> zoo.ConfigError:
     """The refusal of ``adapter.save=only`` in a run whose base could not be named (``why``)."""
-    return zoo.ConfigError(f"adapter.save=only keeps the frozen base out of checkpoints, but this run has {why}: its "
-                           f"base would be lost; set init_from=<checkpoint, HF folder or GGUF file>, or "
-                           f"adapter.save=full")
+    return zoo.ConfigError(
+        f"adapter.save=only keeps the frozen base out of checkpoints, but this run has {why}: its "
+        f"base would be lost; set init_from=<checkpoint, HF folder or GGUF file>, or "
+        f"adapter.save=full"
+    )
 
 
 def check_tensors(cfg: zoo.ModelConfig, state: dict[str, Any], source: str) -> None:
     """Raise a CheckpointError unless ``state`` holds the tensors of the model ``cfg`` describes,
     before anything is allocated (``zoo.check_weights``)."""
-    shapes = {k.removeprefix("model."): tuple(v.shape) for k, v in state.items()
-              if k.startswith("model.") and isinstance(v, torch.Tensor)}
+    shapes = {
+        k.removeprefix("model."): tuple(v.shape)
+        for k, v in state.items()
+        if k.startswith("model.") and isinstance(v, torch.Tensor)
+    }
     zoo.check_weights(cfg, shapes, source=source)
 
 
@@ -303,13 +338,23 @@ def _first_line(error: BaseException, limit: int = 200) -> str:
 
 def _size_diff(theirs: zoo.ModelConfig, mine: zoo.ModelConfig) -> str:
     fields = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
-    diffs = [f"{f}={getattr(theirs, f)} there, {getattr(mine, f)} here" for f in fields
-             if getattr(theirs, f) != getattr(mine, f)]
+    diffs = [
+        f"{f}={getattr(theirs, f)} there, {getattr(mine, f)} here"
+        for f in fields
+        if getattr(theirs, f) != getattr(mine, f)
+    ]
     return "; ".join(diffs) or "same sizes"
 
 
-def adamw(module: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] | list[float],
-          eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
+def adamw(
+    module: nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] | list[float],
+    eps: float = 1e-8,
+    fused: bool | None = None,
+) -> torch.optim.AdamW:
     """AdamW whose weight decay skips biases, norms and embeddings (Loshchilov & Hutter 2019; the
     GPT-2/BERT practice): only matrices of linear layers decay."""
     embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}

@@ -41,14 +41,16 @@ class Throughput(L.Callback):
             dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
             self.peak_flops = get_available_flops(trainer.strategy.root_device, dtype)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self._start is None:
             self._sync(trainer)
             self._start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         ids = batch["input_ids"]
         flops_per_token = self._flops(pl_module, ids.shape[1])
         tokens = ids.numel() + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
@@ -126,31 +128,45 @@ class ModelSummary(RichModelSummary):
 
     def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
         summary = super()._summary(trainer, pl_module)
-        summary._layer_summary = {name: layer for name, layer in summary._layer_summary.items()
-                                  if not isinstance(layer._module, Metric | MetricCollection)}
+        summary._layer_summary = {
+            name: layer
+            for name, layer in summary._layer_summary.items()
+            if not isinstance(layer._module, Metric | MetricCollection)
+        }
         return summary
 
     @staticmethod
-    def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
-                  model_size: float, total_training_modes: dict[str, int], total_flops: int,
-                  **summarize_kwargs: Any) -> None:
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
         from rich import get_console
         from rich.table import Table
 
         columns = [(name, values) for name, values in summary_data if name not in ("FLOPs", "Mode")]
         table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
         for name, _ in columns:
-            table.add_column(name if name else " ", justify="right" if name == "Params" else "left",
-                             style="dim" if not name else None)
+            table.add_column(
+                name if name else " ",
+                justify="right" if name == "Params" else "left",
+                style="dim" if not name else None,
+            )
         for row in zip(*(values for _, values in columns), strict=True):
             table.add_row(*row)
         console = get_console()
         console.print(table)
         frozen = total_parameters - trainable_parameters
-        console.print(f"[bold]Parameters[/]: {get_human_readable_count(int(total_parameters))} "
-                      f"({get_human_readable_count(int(trainable_parameters))} trainable"
-                      + (f", {get_human_readable_count(int(frozen))} frozen" if frozen else "")
-                      + f"), {get_formatted_model_size(model_size)} MB")
+        console.print(
+            f"[bold]Parameters[/]: {get_human_readable_count(int(total_parameters))} "
+            f"({get_human_readable_count(int(trainable_parameters))} trainable"
+            + (f", {get_human_readable_count(int(frozen))} frozen" if frozen else "")
+            + f"), {get_formatted_model_size(model_size)} MB"
+        )
 
 
 class CrashCheckpoint(L.Callback):
@@ -196,8 +212,9 @@ class ValidateAtTheEnd(L.Callback):
     best and a last checkpoint, and the last one resumes exactly (it is saved inside the loop, not
     after it, where Lightning counts the epoch as finished)."""
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True  # Lightning validates when a run is asked to stop
 
@@ -220,8 +237,9 @@ class StopOnNonFinite(L.Callback):
         if not torch.isfinite(loss.detach()).all():
             raise DivergedError(_diverged(trainer, f"train/loss is {float(loss.detach().float().mean())}"))
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                                 optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         if "16-mixed" in str(trainer.precision) and "bf16" not in str(trainer.precision):
             return
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
@@ -239,12 +257,19 @@ class StopOnNonFinite(L.Callback):
 def _diverged(trainer: L.Trainer, what: str) -> str:
     from tasks.checkpoints import non_finite
 
-    last = next((c.best_model_path for c in trainer.checkpoint_callbacks
-                 if getattr(c, "monitor", "") is None and c.best_model_path), None)
+    last = next(
+        (
+            c.best_model_path
+            for c in trainer.checkpoint_callbacks
+            if getattr(c, "monitor", "") is None and c.best_model_path
+        ),
+        None,
+    )
     keep = f"the last checkpoint is {last}" if last else "no checkpoint was saved before it"
     bad = non_finite(trainer.lightning_module.state_dict())
     weights = f"the weights are no longer finite ({bad})" if bad else "stopped before the weights became NaN"
-    return (f"training diverged at step {trainer.global_step + 1}: {what}; {weights}; {keep} (checkpoints of "
-            f"non-finite weights are never written). Lower optimizer.lr, raise scheduler.warmup_steps or keep "
-            f"trainer.gradient_clip_val")
-
+    return (
+        f"training diverged at step {trainer.global_step + 1}: {what}; {weights}; {keep} (checkpoints of "
+        f"non-finite weights are never written). Lower optimizer.lr, raise scheduler.warmup_steps or keep "
+        f"trainer.gradient_clip_val"
+    )

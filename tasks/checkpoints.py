@@ -33,29 +33,35 @@ RUN_MARKER = ".zoo-run"  # written into a run directory when a run claims it; it
 
 class ZooCheckpointIO(CheckpointIO):
     """Args:
-        own_dir: the run's checkpoint folder; removing files elsewhere is refused.
-        preloaded: checkpoints already read by the caller (path -> contents), not read twice.
-        superseded: checkpoints that a later one replaces (``on_exception.ckpt``): removed once a
-            checkpoint of the same or a later step is saved (by the rule of ``remove_checkpoint``),
-            so that none is left to resume from a step behind.
+    own_dir: the run's checkpoint folder; removing files elsewhere is refused.
+    preloaded: checkpoints already read by the caller (path -> contents), not read twice.
+    superseded: checkpoints that a later one replaces (``on_exception.ckpt``): removed once a
+        checkpoint of the same or a later step is saved (by the rule of ``remove_checkpoint``),
+        so that none is left to resume from a step behind.
     """
 
-    def __init__(self, own_dir: str | os.PathLike | None = None,
-                 preloaded: dict[str, dict[str, Any]] | None = None,
-                 superseded: list[str | os.PathLike] | None = None) -> None:
+    def __init__(
+        self,
+        own_dir: str | os.PathLike | None = None,
+        preloaded: dict[str, dict[str, Any]] | None = None,
+        superseded: list[str | os.PathLike] | None = None,
+    ) -> None:
         self.own_dir = Path(own_dir).resolve() if own_dir is not None else None
         self.preloaded = {str(Path(k).resolve()): v for k, v in (preloaded or {}).items()}
         self.superseded = [Path(p).resolve() for p in superseded or []]
         self.written: set[Path] = set()
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
-                        storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError("zoo's checkpoint writer takes no storage_options")
         bad = non_finite(checkpoint.get("state_dict", {}))
         if bad:
-            raise DivergedError(f"the weights are no longer finite ({bad} is not); {Path(path).name} was not "
-                                f"written, the previous one is kept")
+            raise DivergedError(
+                f"the weights are no longer finite ({bad} is not); {Path(path).name} was not "
+                f"written, the previous one is kept"
+            )
         zoo.atomic_save(checkpoint, path)
         saved = Path(path).resolve()
         self.written.add(saved)
@@ -65,8 +71,9 @@ class ZooCheckpointIO(CheckpointIO):
             if theirs is not None and isinstance(step, int) and theirs <= step:
                 self.remove_checkpoint(stale)
 
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
-                        weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         key = str(Path(path).resolve()) if "://" not in str(path) else str(path)
         if key in self.preloaded:
             return self.preloaded.pop(key)
@@ -112,20 +119,27 @@ def holds_a_run(folder: Path) -> bool:
     return (folder / RUN_MARKER).exists() or any((folder / p).exists() for p in ("checkpoints", "logs/metrics.csv"))
 
 
-def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = "paths.output_dir",
-                  dry_run: bool = False) -> None:
+def claim_run_dir(
+    folder: Path, *, resume_from: str | None = None, field: str = "paths.output_dir", dry_run: bool = False
+) -> None:
     """Make ``folder`` this run's directory, or raise a UserError when another run's files are in
     it. Resuming from a checkpoint inside ``folder`` continues that run there (allowed), unless
     another process still writes it: the claim holds a lock on the run's marker (``hold_run``).
     ``dry_run``: only refuse, write nothing."""
     folder = Path(folder)
-    resuming_here = resume_from is not None and "://" not in resume_from and \
-        folder.resolve() in Path(resume_from).resolve().parents
+    resuming_here = (
+        resume_from is not None and "://" not in resume_from and folder.resolve() in Path(resume_from).resolve().parents
+    )
     if holds_a_run(folder) and not resuming_here:
-        hint = f"resume it with ckpt_path={folder / 'checkpoints' / 'last.ckpt'}" \
-            if (folder / "checkpoints" / "last.ckpt").exists() else "choose another directory"
-        raise UserError(f"{field}={folder} holds another run's files; a new run never writes there: leave "
-                        f"hydra.run.dir at its default (a fresh directory), or {hint}")
+        hint = (
+            f"resume it with ckpt_path={folder / 'checkpoints' / 'last.ckpt'}"
+            if (folder / "checkpoints" / "last.ckpt").exists()
+            else "choose another directory"
+        )
+        raise UserError(
+            f"{field}={folder} holds another run's files; a new run never writes there: leave "
+            f"hydra.run.dir at its default (a fresh directory), or {hint}"
+        )
     marker = folder / RUN_MARKER
     if resuming_here and (marker.exists() or marker.is_symlink()):
         hold_run(folder, open_marker(marker), keep=not dry_run)  # a dry run refuses a writer that runs, holds nothing
@@ -139,8 +153,10 @@ def claim_run_dir(folder: Path, *, resume_from: str | None = None, field: str = 
         if resuming_here:  # a run from before markers, claimed by another resume just now: it holds the lock
             hold_run(folder, open_marker(marker))
             return
-        raise UserError(f"{field}={folder} was claimed by another run that started at the same time; start "
-                        f"again (a fresh directory is chosen)") from None
+        raise UserError(
+            f"{field}={folder} was claimed by another run that started at the same time; start "
+            f"again (a fresh directory is chosen)"
+        ) from None
     hold_run(folder, fd)
 
 
@@ -157,8 +173,10 @@ def open_marker(marker: Path) -> int:
         return fd
     if fd is not None:
         os.close(fd)
-    raise UserError(f"{marker} is not a plain file (a link or another kind); a run directory that zoo-train made "
-                    f"has none such: resume only a run directory you trust, with its marker as zoo-train wrote it")
+    raise UserError(
+        f"{marker} is not a plain file (a link or another kind); a run directory that zoo-train made "
+        f"has none such: resume only a run directory you trust, with its marker as zoo-train wrote it"
+    )
 
 
 _HELD: dict[Path, int] = {}  # run directory -> the open marker whose lock this process holds
@@ -178,8 +196,10 @@ def hold_run(folder: Path, fd: int, *, keep: bool = True) -> None:
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "a process whose pid is not written yet"
         os.close(fd)
-        raise UserError(f"{folder} is being written by another zoo-train ({holder}); one run has one writer: wait "
-                        f"until it ends (or stop it), then resume it again") from None
+        raise UserError(
+            f"{folder} is being written by another zoo-train ({holder}); one run has one writer: wait "
+            f"until it ends (or stop it), then resume it again"
+        ) from None
     if not keep:
         os.close(fd)
         return
@@ -229,8 +249,12 @@ def base_reference(source: str, state: dict[str, torch.Tensor], keys: list[str])
     the base tensors ``keys`` it leaves out and their fingerprint as ``state`` (the source's own tensors)
     holds them."""
     where = source if source.startswith("hf:") else str(Path(source).expanduser().resolve())
-    return {"source": where, "format": base_format(source), "sha256": fingerprint({k: state[k] for k in keys}),
-            "keys": sorted(keys)}
+    return {
+        "source": where,
+        "format": base_format(source),
+        "sha256": fingerprint({k: state[k] for k in keys}),
+        "keys": sorted(keys),
+    }
 
 
 BASE_FORMATS = ("zoo", "hf", "gguf")
@@ -245,33 +269,44 @@ def base_format(source: str) -> str:
     return "hf" if source.startswith("hf:") or zoo.hf.is_hf_folder(source) else "zoo"
 
 
-def with_base(checkpoint: dict[str, Any], *, source: str, map_location: Any = "cpu",
-              _seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+def with_base(
+    checkpoint: dict[str, Any], *, source: str, map_location: Any = "cpu", _seen: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """``checkpoint`` with its base tensors put back when it is adapter-only (unchanged otherwise):
     read from the source it names, checked against its fingerprint. A missing base or another one
     is a CheckpointError naming the file and the fix."""
     ref = checkpoint.get(BASE_KEY) if isinstance(checkpoint, dict) else None
     if ref is None:
         return checkpoint
-    if not (isinstance(ref, dict) and isinstance(ref.get("source"), str) and isinstance(ref.get("sha256"), str)
-            and ref.get("format") in BASE_FORMATS and isinstance(ref.get("keys"), list)):
-        raise zoo.CheckpointError(f"{source}: its base reference ({BASE_KEY}) is damaged; use a checkpoint zoo-train "
-                                  f"wrote")
+    if not (
+        isinstance(ref, dict)
+        and isinstance(ref.get("source"), str)
+        and isinstance(ref.get("sha256"), str)
+        and ref.get("format") in BASE_FORMATS
+        and isinstance(ref.get("keys"), list)
+    ):
+        raise zoo.CheckpointError(
+            f"{source}: its base reference ({BASE_KEY}) is damaged; use a checkpoint zoo-train wrote"
+        )
     base = ref["source"]
     if ref["source"] in _seen:
         raise zoo.CheckpointError(f"{source}: its base {base} refers back to itself; use a checkpoint zoo-train wrote")
     if not base.startswith("hf:") and not Path(base).exists():
-        raise zoo.CheckpointError(f"{source} holds only a LoRA adapter (adapter.save=only); its base {base} is gone: "
-                                  f"put that file back there (moved files can be linked), or train with "
-                                  f"adapter.save=full")
+        raise zoo.CheckpointError(
+            f"{source} holds only a LoRA adapter (adapter.save=only); its base {base} is gone: "
+            f"put that file back there (moved files can be linked), or train with "
+            f"adapter.save=full"
+        )
     state = _base_state(ref, map_location, _seen | {base})
     keys = ref["keys"]
     missing = [k for k in keys if k not in state]
     if missing or fingerprint({k: state[k] for k in keys}) != ref["sha256"]:
         what = f"lacks {missing[0]}" if missing else "has other weights"
-        raise zoo.CheckpointError(f"{source} holds only a LoRA adapter (adapter.save=only) trained on another base: "
-                                  f"{base} {what} (sha256 {ref['sha256'][:12]}… recorded); put back the base it was "
-                                  f"trained from")
+        raise zoo.CheckpointError(
+            f"{source} holds only a LoRA adapter (adapter.save=only) trained on another base: "
+            f"{base} {what} (sha256 {ref['sha256'][:12]}… recorded); put back the base it was "
+            f"trained from"
+        )
     checkpoint["state_dict"] = {**{k: state[k] for k in keys}, **checkpoint["state_dict"]}
     return checkpoint
 
@@ -283,12 +318,15 @@ def _base_state(ref: dict[str, Any], map_location: Any, seen: frozenset[str]) ->
         try:
             model = zoo.from_gguf(base, dtype=torch.float32) if ref["format"] == "gguf" else zoo.from_hf(base)
         except ValueError as error:  # CheckpointError (a missing or damaged file) included: it names the file
-            raise zoo.CheckpointError(f"the base {base} of an adapter-only checkpoint cannot be read "
-                                      f"({' '.join(str(error).split())[:200]})") from None
+            raise zoo.CheckpointError(
+                f"the base {base} of an adapter-only checkpoint cannot be read ({' '.join(str(error).split())[:200]})"
+            ) from None
         return {f"model.{k}": v for k, v in model.state_dict().items()}
     checkpoint = zoo.load_weights_file(base, map_location)
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
-        raise zoo.CheckpointError(f"{base}: the base of an adapter-only checkpoint holds no state_dict; put back the "
-                                  f"zoo-train checkpoint it was trained from")
+        raise zoo.CheckpointError(
+            f"{base}: the base of an adapter-only checkpoint holds no state_dict; put back the "
+            f"zoo-train checkpoint it was trained from"
+        )
     return with_base(checkpoint, source=base, map_location=map_location, _seen=seen)["state_dict"]

@@ -18,12 +18,21 @@ POOLINGS = ("cls", "mean")
 class ClassifierTask(ZooTask):
     forms = ("encoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
-                 scheduler: dict[str, Any] | None = None, label_names: list[str],
-                 pooling: str = "cls", head_dropout: float = 0.1, tokenizer_json: str | None = None,
-                 adapter: dict[str, Any] | None = None) -> None:
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
-                         adapter=adapter)
+    def __init__(
+        self,
+        *,
+        model: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any] | None = None,
+        label_names: list[str],
+        pooling: str = "cls",
+        head_dropout: float = 0.1,
+        tokenizer_json: str | None = None,
+        adapter: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json, adapter=adapter
+        )
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} must be one of {POOLINGS}")
         self.label_names, self.pooling = list(label_names), pooling
@@ -37,8 +46,11 @@ class ClassifierTask(ZooTask):
     def classify(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """(B, T, D) hidden states -> (B, n_labels) logits: pooled (first token or masked mean), then the head."""
         if self.pooling == "mean":
-            mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device) if attention_mask is None \
-                else attention_mask  # (B, T)
+            mask = (
+                torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+                if attention_mask is None
+                else attention_mask
+            )  # (B, T)
             pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
         elif self.model.pooler is not None:
             pooled = self.model.pool(hidden)
@@ -48,8 +60,10 @@ class ClassifierTask(ZooTask):
 
     def metrics(self, stage: str) -> dict[str, Metric]:
         n = len(self.label_names)
-        return {"acc": Accuracy(task="multiclass", num_classes=n),
-                "f1": F1Score(task="multiclass", num_classes=n, average="macro")}
+        return {
+            "acc": Accuracy(task="multiclass", num_classes=n),
+            "f1": F1Score(task="multiclass", num_classes=n, average="macro"),
+        }
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
         logits = self(batch["input_ids"], batch["attention_mask"])  # (B, n_labels)
@@ -70,8 +84,9 @@ class ClassifierTask(ZooTask):
         """The ``top`` most likely labels of ``prompt``, one ``label<TAB>probability`` line each."""
         probs = self(torch.tensor([self.prompt_ids(prompt)], device=self.device)).softmax(-1)[0]
         best = probs.topk(min(top_count(top), len(probs)))
-        return "\n".join(f"{self.label_names[int(i)]}\t{float(p):.3f}" for p, i in zip(best.values, best.indices,
-                                                                                         strict=True))
+        return "\n".join(
+            f"{self.label_names[int(i)]}\t{float(p):.3f}" for p, i in zip(best.values, best.indices, strict=True)
+        )
 
     def export_info(self, fmt: str) -> dict[str, Any]:
         """The label names; for safetensors also the pooling, which head.safetensors needs (an ONNX
@@ -81,11 +96,15 @@ class ClassifierTask(ZooTask):
     def hf_classifier(self) -> tuple[nn.Linear, list[str]]:
         """The head's linear layer over the pooled first token: BertForSequenceClassification's ``classifier``."""
         if self.model.pooler is None:
-            raise zoo.ConfigError("model.pooler=false: BertForSequenceClassification classifies the pooled first "
-                                  "token; train with model.pooler=true, or export with format=safetensors or onnx")
+            raise zoo.ConfigError(
+                "model.pooler=false: BertForSequenceClassification classifies the pooled first "
+                "token; train with model.pooler=true, or export with format=safetensors or onnx"
+            )
         if self.pooling != "cls":
-            raise zoo.ConfigError(f"task.pooling={self.pooling}: BertForSequenceClassification classifies the pooled "
-                                  "first token; export this run with format=safetensors or format=onnx")
+            raise zoo.ConfigError(
+                f"task.pooling={self.pooling}: BertForSequenceClassification classifies the pooled "
+                "first token; export this run with format=safetensors or format=onnx"
+            )
         return self.head[1], self.label_names
 
     def export_modules(self) -> dict[str, nn.Module]:

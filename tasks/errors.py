@@ -77,11 +77,15 @@ def parse_error(error: BaseException) -> UserError | None:
     if isinstance(error, UnicodeDecodeError):
         byte = error.object[error.start] if error.start < len(error.object) else None
         at = f"byte {error.start}" + (f" (0x{byte:02x})" if byte is not None else "")
-        return UserError(f"{path or 'a file zoo read'}: {at} is not {error.encoding.upper()} text; save it as UTF-8 "
-                         f"text (e.g. iconv -f latin1 -t utf-8) or give another file")
+        return UserError(
+            f"{path or 'a file zoo read'}: {at} is not {error.encoding.upper()} text; save it as UTF-8 "
+            f"text (e.g. iconv -f latin1 -t utf-8) or give another file"
+        )
     if isinstance(error, UnicodeEncodeError):
-        return UserError(f"{path or 'the output'}: {error.object[error.start:error.end]!r} cannot be written as "
-                         f"{error.encoding} ({error.reason}); use a UTF-8 locale or PYTHONIOENCODING=utf-8")
+        return UserError(
+            f"{path or 'the output'}: {error.object[error.start : error.end]!r} cannot be written as "
+            f"{error.encoding} ({error.reason}); use a UTF-8 locale or PYTHONIOENCODING=utf-8"
+        )
     return None
 
 

@@ -18,15 +18,24 @@ from tasks.loggers import sample_block
 class GeneratorTask(ZooTask):
     forms = ("decoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
-                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
-                 adapter: dict[str, Any] | None = None,
-                 sample_prompt: str = "def", sample_tokens: int = 48, sample_temperature: float = 0.8,
-                 loss_chunk: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any] | None = None,
+        tokenizer_json: str | None = None,
+        adapter: dict[str, Any] | None = None,
+        sample_prompt: str = "def",
+        sample_tokens: int = 48,
+        sample_temperature: float = 0.8,
+        loss_chunk: int | None = None,
+    ) -> None:
         """``loss_chunk``: rows (tokens) per chunk of the training loss (zoo.chunked_cross_entropy), so
         the whole (B, T, V) logits never exist in training; None or 0: the whole logits at once."""
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
-                         adapter=adapter)
+        super().__init__(
+            model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json, adapter=adapter
+        )
         self.sample_prompt, self.sample_tokens = sample_prompt, sample_tokens
         self.sample_temperature, self.loss_chunk = sample_temperature, loss_chunk
         self.samples: list[str] = []
@@ -35,20 +44,26 @@ class GeneratorTask(ZooTask):
     @classmethod
     def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
         if not str(settings.get("sample_prompt", "def")).strip():
-            raise zoo.ConfigError("task.sample_prompt is empty; give the text the validation samples continue "
-                                  "(e.g. task.sample_prompt=def)")
+            raise zoo.ConfigError(
+                "task.sample_prompt is empty; give the text the validation samples continue "
+                "(e.g. task.sample_prompt=def)"
+            )
         tokens = settings.get("sample_tokens", 48)
         if tokens < 1:
             raise zoo.ConfigError(f"task.sample_tokens={tokens} must be >= 1")
         limit = zoo.position_limit(model)
         if limit is not None and tokens >= limit:
-            raise zoo.ConfigError(f"task.sample_tokens={tokens} does not fit the model's {limit} positions "
-                                  f"(model.max_seq_len); lower task.sample_tokens")
+            raise zoo.ConfigError(
+                f"task.sample_tokens={tokens} does not fit the model's {limit} positions "
+                f"(model.max_seq_len); lower task.sample_tokens"
+            )
         if settings.get("sample_temperature", 0.8) <= 0:
             raise zoo.ConfigError(f"task.sample_temperature={settings['sample_temperature']} must be > 0")
         if (settings.get("loss_chunk") or 0) < 0:
-            raise zoo.ConfigError(f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
-                                  f"training loss), or null or 0 for the whole logits at once")
+            raise zoo.ConfigError(
+                f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
+                f"training loss), or null or 0 for the whole logits at once"
+            )
 
     def metrics(self, stage: str) -> dict[str, Metric]:
         return {} if stage == "train" else {"ppl": Perplexity(ignore_index=-100)}
@@ -82,17 +97,37 @@ class GeneratorTask(ZooTask):
         ids = self.tokenizer.encode(prompt).ids
         generator = torch.Generator(device=self.device).manual_seed(seed)
         kwargs.setdefault("do_sample", "temperature" in kwargs)
-        out = self.model.generate(torch.tensor([ids], device=self.device), max_new_tokens, generator=generator,
-                                  **kwargs)
+        out = self.model.generate(
+            torch.tensor([ids], device=self.device), max_new_tokens, generator=generator, **kwargs
+        )
         return self.tokenizer.decode(out[0].tolist(), skip_special_tokens=True)
 
-    def respond(self, prompt: str, *, max_new_tokens: int, do_sample: bool, temperature: float, top_k: int | None,
-                top_p: float | None, seed: int, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                compile: bool = False, **_: Any) -> str:
+    def respond(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        do_sample: bool,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        compile: bool = False,
+        **_: Any,
+    ) -> str:
         """``prompt`` continued: sampled with ``temperature``, ``top_k`` and ``top_p``, or greedy;
         ``repetition_penalty`` and ``no_repeat_ngram_size`` apply to either; ``compile``: a static
         cache and a compiled step (``ZooModel.generate``)."""
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
-        return self.generate_text(prompt, max_new_tokens, seed=seed, do_sample=bool(do_sample),
-                                  repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                                  compile=bool(compile), **sampling)
+        return self.generate_text(
+            prompt,
+            max_new_tokens,
+            seed=seed,
+            do_sample=bool(do_sample),
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            compile=bool(compile),
+            **sampling,
+        )

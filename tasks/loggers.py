@@ -55,8 +55,13 @@ class CSVLogger(LightningCSVLogger):
         return len(rows) - len(kept)
 
 
-UNPRINTABLE = {**{c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"}, 0x7F: 0x2421,
-               0x85: 0x2424, 0x2028: 0x2424, 0x2029: 0x2424}
+UNPRINTABLE = {
+    **{c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"},
+    0x7F: 0x2421,
+    0x85: 0x2424,
+    0x2028: 0x2424,
+    0x2029: 0x2424,
+}
 """Characters that would move the cursor, ring or break a line where the text has none, shown as
 their Unicode control pictures (``\\r`` as ␍, ``\\x1b`` as ␛)."""
 

@@ -16,11 +16,18 @@ from tasks.base import ZooTask, top_count
 class MLMTask(ZooTask):
     forms = ("encoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
-                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
-                 adapter: dict[str, Any] | None = None) -> None:
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
-                         adapter=adapter)
+    def __init__(
+        self,
+        *,
+        model: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any] | None = None,
+        tokenizer_json: str | None = None,
+        adapter: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json, adapter=adapter
+        )
         self.add_metrics()
 
     @classmethod
@@ -53,8 +60,9 @@ class MLMTask(ZooTask):
         out = []
         for pos in (ids[0] == mask_id).nonzero()[:, 0].tolist():
             top = probs[pos].topk(top_k)
-            out.append([(self.tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices,
-                                                                                      strict=True)])
+            out.append(
+                [(self.tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True)]
+            )
         return out
 
     def respond(self, prompt: str, *, top: int, **_: Any) -> str:
@@ -65,8 +73,10 @@ class MLMTask(ZooTask):
         mask = self.tokenizer.id_to_token(self.special_tokens.mask)
         if not filled:
             return f"no {mask} token in the prompt"
-        return "\n".join(f"{mask} #{n + 1}: " + ", ".join(f"{tok} ({p:.3f})" for tok, p in options)
-                         for n, options in enumerate(filled))
+        return "\n".join(
+            f"{mask} #{n + 1}: " + ", ".join(f"{tok} ({p:.3f})" for tok, p in options)
+            for n, options in enumerate(filled)
+        )
 
     def export_head(self, outputs: Tensor, attention_mask: Tensor) -> Tensor:
         return self.model.mlm_logits(outputs)

@@ -26,8 +26,13 @@ def rng_states() -> RngStates:
     states: RngStates = {
         "torch": torch.get_rng_state(),
         "python": {"version": version, "state": list(state), "gauss": gauss},
-        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state()
@@ -39,8 +44,9 @@ def set_rng_states(states: RngStates) -> None:
     python = states["python"]
     random.setstate((python["version"], tuple(python["state"]), python["gauss"]))
     numpy = states["numpy"]
-    np.random.set_state((numpy["kind"], np.array(numpy["keys"], dtype=np.uint32), numpy["pos"],
-                         numpy["has_gauss"], numpy["cached"]))
+    np.random.set_state(
+        (numpy["kind"], np.array(numpy["keys"], dtype=np.uint32), numpy["pos"], numpy["has_gauss"], numpy["cached"])
+    )
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state(states["cuda"])
 
@@ -78,12 +84,14 @@ class ResumeState(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._step_start = rng_states()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._step_start = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -93,8 +101,7 @@ class ResumeState(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._to_restore = list(state_dict["rng"])
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         unfinished = unfinished_batches(trainer)
         if unfinished > 0 and "loops" in checkpoint:
             before_the_step(checkpoint["loops"]["fit_loop"], unfinished)

@@ -22,17 +22,28 @@ from tasks.loggers import sample_block
 class TranslatorTask(ZooTask):
     forms = ("encoder_decoder",)
 
-    def __init__(self, *, model: dict[str, Any], optimizer: dict[str, Any],
-                 scheduler: dict[str, Any] | None = None, tokenizer_json: str | None = None,
-                 adapter: dict[str, Any] | None = None,
-                 label_smoothing: float = 0.1, num_beams: int = 1, length_penalty: float = 1.0,
-                 max_new_tokens: int = 64, decode_batches: int = 4, n_samples: int = 3,
-                 loss_chunk: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any] | None = None,
+        tokenizer_json: str | None = None,
+        adapter: dict[str, Any] | None = None,
+        label_smoothing: float = 0.1,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        max_new_tokens: int = 64,
+        decode_batches: int = 4,
+        n_samples: int = 3,
+        loss_chunk: int | None = None,
+    ) -> None:
         """``decode_batches``: how many validation batches are translated for BLEU/chrF (all test batches are).
         ``loss_chunk``: rows (target tokens) per chunk of the training loss (zoo.chunked_cross_entropy), so
         the whole (B, T, V) logits never exist in training; None or 0: the whole logits at once."""
-        super().__init__(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json,
-                         adapter=adapter)
+        super().__init__(
+            model=model, optimizer=optimizer, scheduler=scheduler, tokenizer_json=tokenizer_json, adapter=adapter
+        )
         self.label_smoothing, self.num_beams, self.length_penalty = label_smoothing, num_beams, length_penalty
         self.max_new_tokens, self.decode_batches, self.n_samples = max_new_tokens, decode_batches, n_samples
         self.loss_chunk = loss_chunk
@@ -42,8 +53,10 @@ class TranslatorTask(ZooTask):
     @classmethod
     def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
         if (settings.get("loss_chunk") or 0) < 0:
-            raise zoo.ConfigError(f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
-                                  f"training loss), or null or 0 for the whole logits at once")
+            raise zoo.ConfigError(
+                f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
+                f"training loss), or null or 0 for the whole logits at once"
+            )
 
     def metrics(self, stage: str) -> dict[str, Metric]:
         return {} if stage == "train" else {"bleu": BLEUScore(), "chrf": CHRFScore()}
@@ -54,11 +67,16 @@ class TranslatorTask(ZooTask):
         if stage == "train" and self.loss_chunk:  # nothing is translated in training
             memory = self.model.encode(batch["input_ids"], batch["attention_mask"])  # (B, S, D)
             hidden = self.model.decoder_features(batch["decoder_input_ids"], memory, batch["attention_mask"])
-            return zoo.chunked_cross_entropy(hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk,
-                                             label_smoothing=self.label_smoothing)  # hidden: (B, T, D)
+            return zoo.chunked_cross_entropy(
+                hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk, label_smoothing=self.label_smoothing
+            )  # hidden: (B, T, D)
         logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
-                               label_smoothing=self.label_smoothing)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            batch["labels"].flatten(),
+            ignore_index=-100,
+            label_smoothing=self.label_smoothing,
+        )
         if stage == "train" or (stage == "val" and batch_idx % self.decode_stride()):
             return loss
         hypotheses = self.translate_ids(batch["input_ids"], batch["attention_mask"])
@@ -76,14 +94,20 @@ class TranslatorTask(ZooTask):
         sources = [self.tokenizer.decode(ids.tolist(), skip_special_tokens=True) for ids in batch["input_ids"]]
         self.samples = list(zip(sources, hypotheses, batch["references"], strict=True))[: self.n_samples]
         for src, hyp, ref in self.samples:
-            self.log_text(sample_block(f"[step {self.global_step}] translation:",
-                                       {"source": src, "output": hyp, "reference": ref}))
+            self.log_text(
+                sample_block(
+                    f"[step {self.global_step}] translation:", {"source": src, "output": hyp, "reference": ref}
+                )
+            )
 
     def generation_settings(self) -> dict[str, Any]:
         """The ``model.generate`` keywords this task translates with (validation, test, zoo-generate's
         defaults), which ``zoo-export format=hf`` writes into generation_config.json."""
-        return {"max_new_tokens": self.max_new_tokens, "num_beams": self.num_beams,
-                "length_penalty": self.length_penalty}
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "num_beams": self.num_beams,
+            "length_penalty": self.length_penalty,
+        }
 
     @torch.no_grad()
     def translate_ids(self, input_ids: Tensor, attention_mask: Tensor | None = None, **settings: Any) -> list[str]:
@@ -117,14 +141,29 @@ class TranslatorTask(ZooTask):
         eos = self.model.config.eos_token_id
         if eos is not None and eos not in added_around(tokenizer)[1]:
             token = tokenizer.id_to_token(eos)
-            tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {token}", pair=f"$A {token} $B:1 "
-                                                                     f"{token}:1", special_tokens=[(token, eos)])
+            tokenizer.post_processor = processors.TemplateProcessing(
+                single=f"$A {token}", pair=f"$A {token} $B:1 {token}:1", special_tokens=[(token, eos)]
+            )
         return tokenizer
 
-    def respond(self, prompt: str, *, max_new_tokens: int, num_beams: int, repetition_penalty: float = 1.0,
-                no_repeat_ngram_size: int = 0, compile: bool = False, **_: Any) -> str:
+    def respond(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        num_beams: int,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        compile: bool = False,
+        **_: Any,
+    ) -> str:
         """The translation of ``prompt``, greedy or with ``num_beams`` beams; ``compile``: a static
         cache and a compiled step (``ZooModel.generate``)."""
-        return self.translate([prompt], num_beams=num_beams, max_new_tokens=max_new_tokens,
-                              repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                              compile=bool(compile))[0]
+        return self.translate(
+            [prompt],
+            num_beams=num_beams,
+            max_new_tokens=max_new_tokens,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            compile=bool(compile),
+        )[0]

@@ -6,8 +6,9 @@ import zoo
 
 def tiny_config(**overrides) -> zoo.ModelConfig:
     """A model small enough to run forward and backward in milliseconds."""
-    base = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=64, init_std=0.2,
-                ffn_multiple_of=16)
+    base = dict(
+        vocab_size=61, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=64, init_std=0.2, ffn_multiple_of=16
+    )
     return zoo.ModelConfig(**{**base, **overrides})
 
 

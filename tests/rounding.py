@@ -42,5 +42,6 @@ def model_shape(model: torch.nn.Module) -> tuple[int, int]:
 def assert_rounding_close(actual: Tensor, expected: Tensor, model: torch.nn.Module, msg: str | None = None) -> None:
     """``actual`` equals ``expected`` (outputs of ``model``, or of a model shaped like it) within its rounding."""
     width, depth = model_shape(model)
-    torch.testing.assert_close(actual, expected, rtol=0, atol=rounding_atol(expected, width=width, depth=depth),
-                               msg=msg)
+    torch.testing.assert_close(
+        actual, expected, rtol=0, atol=rounding_atol(expected, width=width, depth=depth), msg=msg
+    )

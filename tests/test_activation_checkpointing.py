@@ -13,8 +13,9 @@ N_LAYERS = 4
 
 
 def build(arch: str, policy: str, **overrides) -> zoo.ZooModel:
-    cfg = tiny_config(**{"arch": arch, "n_layers": N_LAYERS, "dropout": 0.2, "activation_checkpointing": policy,
-                         **overrides})
+    cfg = tiny_config(
+        **{"arch": arch, "n_layers": N_LAYERS, "dropout": 0.2, "activation_checkpointing": policy, **overrides}
+    )
     return zoo.build_model(cfg, seed=0).train()
 
 
@@ -53,8 +54,10 @@ def checkpoint_calls(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("policy,recomputed", [("all", [0, 1, 2, 3]), ("true", [0, 1, 2, 3]),
-                                               ("every_2", [0, 2]), ("every_3", [0, 3]), ("every_9", [0])])
+@pytest.mark.parametrize(
+    "policy,recomputed",
+    [("all", [0, 1, 2, 3]), ("true", [0, 1, 2, 3]), ("every_2", [0, 2]), ("every_3", [0, 3]), ("every_9", [0])],
+)
 @pytest.mark.parametrize("arch", FORMS)
 def test_checkpointed_loss_and_gradients_equal_the_plain_ones(arch, policy, recomputed):
     plain, ours = build(arch, "none"), build(arch, policy)

@@ -20,8 +20,14 @@ from tasks.cli.common import conf_dir, quote_free_text
 from tasks.data.tokenizers import train_tokenizer, with_cls_sep
 from zoo.inspect import attention_rollout, capture_attention, head_stats, layers_by_kind, row_entropy
 
-LINES = ["def add(a, b):\n    return a + b", "Return the running event loop.", "three hundred and twelve",
-         "trois cent douze", "class Point:\n    x: int = 0", "Close the stream and wait."] * 4
+LINES = [
+    "def add(a, b):\n    return a + b",
+    "Return the running event loop.",
+    "three hundred and twelve",
+    "trois cent douze",
+    "class Point:\n    x: int = 0",
+    "Close the stream and wait.",
+] * 4
 
 
 def causal_uniform(T: int, H: int = 1) -> torch.Tensor:
@@ -104,13 +110,27 @@ def tiny(arch: str, vocab_size: int = 64, **overrides) -> zoo.ZooModel:
     extra = {"pooler": True} if arch == "encoder" else {}
     if arch == "encoder_decoder":
         extra = {"position": "t5_relative", "eos_token_id": 3, "pad_token_id": 0}
-    cfg = zoo.ModelConfig(arch=arch, vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
-                          max_seq_len=64, **{**extra, **overrides})
+    cfg = zoo.ModelConfig(
+        arch=arch,
+        vocab_size=vocab_size,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        d_ff=64,
+        max_seq_len=64,
+        **{**extra, **overrides},
+    )
     return zoo.build_model(cfg, seed=0).eval()
 
 
-@pytest.mark.parametrize("arch,kinds", [("encoder", ["encoder self"]), ("decoder", ["decoder self"]),
-                                        ("encoder_decoder", ["encoder self", "decoder self", "cross"])])
+@pytest.mark.parametrize(
+    "arch,kinds",
+    [
+        ("encoder", ["encoder self"]),
+        ("decoder", ["decoder self"]),
+        ("encoder_decoder", ["encoder self", "decoder self", "cross"]),
+    ],
+)
 def test_capture_gives_every_layer_of_each_form(arch, kinds):
     model = tiny(arch)
     src, tgt = torch.randint(5, 64, (1, 9)), torch.randint(5, 64, (1, 4))
@@ -118,8 +138,11 @@ def test_capture_gives_every_layer_of_each_form(arch, kinds):
         model(src, tgt) if arch == "encoder_decoder" else model(src)
     groups = layers_by_kind(probs)
     assert list(groups) == kinds and all(len(names) == 2 for names in groups.values())
-    expected = {"encoder self": (1, 4, 9, 9), "decoder self": (1, 4, 4, 4) if arch == "encoder_decoder" else
-                (1, 4, 9, 9), "cross": (1, 4, 4, 9)}
+    expected = {
+        "encoder self": (1, 4, 9, 9),
+        "decoder self": (1, 4, 4, 4) if arch == "encoder_decoder" else (1, 4, 9, 9),
+        "cross": (1, 4, 4, 9),
+    }
     for kind, names in groups.items():
         assert all(probs[n].shape == expected[kind] for n in names), kind
         rollout = attention_rollout([probs[n] for n in names]) if kind != "cross" else None
@@ -155,16 +178,35 @@ def report(out: Path, *overrides: str) -> dict:
 def heads_table(out: Path) -> list[list[str]]:
     lines = (out / "heads.md").read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| module"))
-    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2:] if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2 :] if line.startswith("|")]
 
 
-@pytest.mark.parametrize("arch,text,pngs", [
-    ("encoder", "Return the running event loop.", ["encoder_self_layer0", "encoder_self_layer1", "rollout_encoder"]),
-    ("decoder", "a = 1\n    b", ["decoder_self_layer0", "decoder_self_layer1", "rollout_decoder"]),
-    pytest.param("encoder_decoder", "three hundred and twelve",
-                 ["cross_layer0", "cross_layer1", "decoder_self_layer0", "decoder_self_layer1", "encoder_self_layer0",
-                  "encoder_self_layer1", "rollout_decoder", "rollout_encoder"], marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "arch,text,pngs",
+    [
+        (
+            "encoder",
+            "Return the running event loop.",
+            ["encoder_self_layer0", "encoder_self_layer1", "rollout_encoder"],
+        ),
+        ("decoder", "a = 1\n    b", ["decoder_self_layer0", "decoder_self_layer1", "rollout_decoder"]),
+        pytest.param(
+            "encoder_decoder",
+            "three hundred and twelve",
+            [
+                "cross_layer0",
+                "cross_layer1",
+                "decoder_self_layer0",
+                "decoder_self_layer1",
+                "encoder_self_layer0",
+                "encoder_self_layer1",
+                "rollout_decoder",
+                "rollout_encoder",
+            ],
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_zoo_attention_writes_maps_and_table_for_each_form(arch, text, pngs, tmp_path):
     import matplotlib.image
 
@@ -198,8 +240,14 @@ def test_prompt_is_what_text_was(tmp_path):
 
 def test_zoo_attention_translates_when_no_target_is_given_and_cuts_long_texts(tmp_path):
     folder = saved_model("encoder_decoder", tmp_path / "model")
-    summary = report(tmp_path / "out", f"model_dir={folder}", "text=three hundred and twelve " * 4,
-                     "max_tokens=6", "max_new_tokens=3", "plots=false")
+    summary = report(
+        tmp_path / "out",
+        f"model_dir={folder}",
+        "text=three hundred and twelve " * 4,
+        "max_tokens=6",
+        "max_new_tokens=3",
+        "plots=false",
+    )
     assert not list((tmp_path / "out").glob("*.png")) and len(heads_table(tmp_path / "out")) == 24
     assert summary["files"] == ["heads.md", "summary.json"]
     assert len(summary["tokens"]) == 6 and 1 < len(summary["target_tokens"]) <= 4
@@ -208,13 +256,16 @@ def test_zoo_attention_translates_when_no_target_is_given_and_cuts_long_texts(tm
     assert "cut to its first 6" in (tmp_path / "out" / "heads.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ([], "give ckpt_path="),
-    (["ckpt_path=/nonexistent.ckpt", "text=x"], "is not a file"),
-    (["model_dir=MODEL"], 'prompt="…" is required'),
-    (["model_dir=MODEL", "text=hello", "target=bonjour"], "target= is for encoder-decoder models"),
-    (["model_dir=MODEL", "prompt=hello", "text=bye"], "prompt= and text= name the same text here"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ([], "give ckpt_path="),
+        (["ckpt_path=/nonexistent.ckpt", "text=x"], "is not a file"),
+        (["model_dir=MODEL"], 'prompt="…" is required'),
+        (["model_dir=MODEL", "text=hello", "target=bonjour"], "target= is for encoder-decoder models"),
+        (["model_dir=MODEL", "prompt=hello", "text=bye"], "prompt= and text= name the same text here"),
+    ],
+)
 def test_bad_input_is_one_line_error(overrides, message, tmp_path, capsys):
     folder = saved_model("decoder", tmp_path / "model")
     with pytest.raises(SystemExit) as stop:
@@ -233,10 +284,18 @@ def generator_checkpoint(path: Path) -> Path:
     tokenizer = train_tokenizer(LINES, "bpe", vocab_size=120)
     model = tiny("decoder", vocab_size=tokenizer.get_vocab_size(), position="learned")
     task = GeneratorTask(model=model.config.to_dict(), optimizer={}, tokenizer_json=tokenizer.to_str())
-    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
-                "tokenizer_json": tokenizer.to_str(),
-                "zoo_run": {"task": "generator", "data_module": "LMDataModule", "data": {}, "config_yaml": ""},
-                "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, path)
+    torch.save(
+        {
+            "state_dict": task.state_dict(),
+            "hyper_parameters": dict(task.hparams),
+            "tokenizer_json": tokenizer.to_str(),
+            "zoo_run": {"task": "generator", "data_module": "LMDataModule", "data": {}, "config_yaml": ""},
+            "pytorch-lightning_version": lightning.__version__,
+            "global_step": 0,
+            "epoch": 0,
+        },
+        path,
+    )
     return path
 
 
@@ -245,9 +304,21 @@ def test_real_command_on_a_checkpoint(tmp_path):
     """``python -m tasks.cli.attention`` as a user runs it (the zoo-attention entry point)."""
     ckpt = generator_checkpoint(tmp_path / "last.ckpt")
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    run = subprocess.run([sys.executable, "-m", "tasks.cli.attention", f"ckpt_path={ckpt}",
-                          "text=def add(a, b): return a + b", f"hydra.run.dir={tmp_path / 'out'}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.cli.attention",
+            f"ckpt_path={ckpt}",
+            "text=def add(a, b): return a + b",
+            f"hydra.run.dir={tmp_path / 'out'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"wrote 5 files to {tmp_path / 'out'}" in run.stdout  # 2 layers, 1 rollout, heads.md, summary.json
     assert len(heads_table(tmp_path / "out")) == 8

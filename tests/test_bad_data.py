@@ -75,8 +75,11 @@ def test_a_missing_column_names_the_one_wanted_the_ones_found_and_the_override(t
     csv.write_text("sentence,category\nhello there,greeting\n")
     message = _refused(csv, text="text")
     assert message.startswith("data.source_args.text=text: ") and "sentence, category" in message
-    with pytest.raises(DataError, match=r"no field 'text' \(they have: category, sentence\); map a column to it "
-                                        r"with data.source_args.text=<column>"):
+    with pytest.raises(
+        DataError,
+        match=r"no field 'text' \(they have: category, sentence\); map a column to it "
+        r"with data.source_args.text=<column>",
+    ):
         load_records("local", path=str(csv), needs=("text",))
     assert load_records("local", path=str(csv), text="sentence", needs=("text",))[0]["text"] == "hello there"
     with pytest.raises(DataError, match=r"data.source=numbers: .* no field 'text'"):
@@ -187,9 +190,14 @@ def test_bad_tokenizer_files_name_data_tokenizer_path(tmp_path):
 @pytest.mark.slow
 def test_zoo_train_on_a_missing_path_ends_in_one_line(tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.train", "data=local_text",
-                           f"data.source_args.path={tmp_path / 'missing'}"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.train", "data=local_text", f"data.source_args.path={tmp_path / 'missing'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("zoo: ")]
     assert len(errors) == 1 and errors[0].startswith(f"zoo: DataError: data.source_args.path={tmp_path / 'missing'}: ")

@@ -24,8 +24,9 @@ def _script(name: str):
 
 @pytest.mark.parametrize("name", ["hf_compare", "device", "flex"])
 def test_each_script_runs_from_a_checkout(name):
-    out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], capture_output=True, text=True,
-                         timeout=120, cwd="/")
+    out = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), "--help"], capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(f"usage: scripts/bench/{name}.py") and "--json" in out.stdout
 
@@ -35,9 +36,40 @@ def test_bench_tiny_runs_every_part(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "bench.json"
     result = _script("hf_compare").run(
-        ["--only", "train", "generate", "memory", "--families", "gpt2", "--precisions", "fp32", "--layers", "1",
-         "--d-model", "32", "--heads", "2", "--vocab", "128", "--batch", "2", "--length", "16", "--rounds", "1",
-         "--steps", "1", "--new-tokens", "4", "--cache-lengths", "8", "32", "--json", str(out)])
+        [
+            "--only",
+            "train",
+            "generate",
+            "memory",
+            "--families",
+            "gpt2",
+            "--precisions",
+            "fp32",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--vocab",
+            "128",
+            "--batch",
+            "2",
+            "--length",
+            "16",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--new-tokens",
+            "4",
+            "--cache-lengths",
+            "8",
+            "32",
+            "--json",
+            str(out),
+        ]
+    )
     saved = json.loads(out.read_text())
     assert saved["config"]["families"] == ["gpt2"]
     names = [r["name"] for r in saved["results"]]
@@ -67,11 +99,29 @@ def test_flex_bench_tiny_on_the_cpu(tmp_path):
     that the GPU times), auto and sdpa on dense masks (auto picks flex on CUDA only)."""
     flex = _script("flex")
     out = tmp_path / "flex.json"
-    rows = flex.flex_main(["--device", "cpu", "--tokens", "32", "--lengths", "8", "16", "--steps", "1",
-                           "--d-model", "64", "--n-layers", "1", "--json", str(out)])
+    rows = flex.flex_main(
+        [
+            "--device",
+            "cpu",
+            "--tokens",
+            "32",
+            "--lengths",
+            "8",
+            "16",
+            "--steps",
+            "1",
+            "--d-model",
+            "64",
+            "--n-layers",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == rows
     assert [(r["length"], r["position"], r["attention"]) for r in rows] == [
-        (length, *run) for length in (8, 16) for run in flex.RUNS]
+        (length, *run) for length in (8, 16) for run in flex.RUNS
+    ]
     assert all(r["flex_mods"] == (r["attention"] == "flex") for r in rows)
     assert all(r["tokens_per_s"] > 0 and not r["train"] for r in rows)
     assert [r["vs_rope"] for r in rows if r["position"] == "rope"] == [1.0, 1.0]
@@ -85,8 +135,9 @@ def test_memory_scripts_run_tiny_from_a_checkout(name, tmp_path):
     out = tmp_path / f"{name}.json"
     args = ["--layers=1", "--d-model=32", "--heads=2", "--vocab=64", "--batch=1", "--length=16", f"--out={out}"]
     args += ["--loss-chunk=5"] if name == "memory" else []  # 16 tokens in chunks of 5, 5, 5 and 1
-    done = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True,
-                          timeout=300, cwd="/")
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True, timeout=300, cwd="/"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
     if name == "lora":

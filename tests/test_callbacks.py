@@ -31,9 +31,15 @@ class Steps(L.LightningModule):
 
 
 def _trainer(tmp_path, max_steps: int) -> L.Trainer:
-    return L.Trainer(max_steps=max_steps, callbacks=[CrashCheckpoint(tmp_path / "checkpoints")], logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     default_root_dir=tmp_path)
+    return L.Trainer(
+        max_steps=max_steps,
+        callbacks=[CrashCheckpoint(tmp_path / "checkpoints")],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
 
 
 def test_crash_leaves_a_checkpoint_and_a_new_run_does_not_resume_from_it(tmp_path):

@@ -41,13 +41,15 @@ def loss_and_grads(model: zoo.ZooModel, loss_fn) -> tuple[torch.Tensor, dict[str
 
 
 def plain_loss(model, ids, labels, label_smoothing=0.0):
-    return F.cross_entropy(model(ids).flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
-                           label_smoothing=label_smoothing)
+    return F.cross_entropy(
+        model(ids).flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
+    )
 
 
 def chunked_loss(model, ids, labels, chunk, label_smoothing=0.0):
-    return zoo.chunked_cross_entropy(model.features(ids), model.logits, labels, chunk=chunk,
-                                     label_smoothing=label_smoothing)
+    return zoo.chunked_cross_entropy(
+        model.features(ids), model.logits, labels, chunk=chunk, label_smoothing=label_smoothing
+    )
 
 
 def assert_same(a: tuple, b: tuple) -> None:
@@ -58,21 +60,26 @@ def assert_same(a: tuple, b: tuple) -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 5, 21, 64])
-@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "logit_scale": 0.5}],
-                         ids=["tied", "untied-scaled"])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"tie_embeddings": False, "logit_scale": 0.5}], ids=["tied", "untied-scaled"]
+)
 def test_equals_the_whole_logits_loss_in_value_and_gradients(chunk, overrides):
     model = tiny_decoder(**overrides)
     ids, labels = batch(97)
-    assert_same(loss_and_grads(model, lambda: plain_loss(model, ids, labels)),
-                loss_and_grads(model, lambda: chunked_loss(model, ids, labels, chunk)))
+    assert_same(
+        loss_and_grads(model, lambda: plain_loss(model, ids, labels)),
+        loss_and_grads(model, lambda: chunked_loss(model, ids, labels, chunk)),
+    )
 
 
 def test_label_smoothing_and_ignored_rows_as_in_cross_entropy():
     """The translator's loss: the smoothing term, like the target's, counts only rows that are not ignored."""
     model = tiny_decoder()
     ids, labels = batch(97)
-    assert_same(loss_and_grads(model, lambda: plain_loss(model, ids, labels, 0.1)),
-                loss_and_grads(model, lambda: chunked_loss(model, ids, labels, 4, 0.1)))
+    assert_same(
+        loss_and_grads(model, lambda: plain_loss(model, ids, labels, 0.1)),
+        loss_and_grads(model, lambda: chunked_loss(model, ids, labels, 4, 0.1)),
+    )
 
 
 def test_without_gradients_the_same_value():
@@ -142,8 +149,10 @@ def test_generator_training_step_equal_with_and_without_chunks():
     plain, chunked = twin_tasks(GeneratorTask, cfg)
     ids, labels = batch(97)
     assert chunked.loss_chunk == 5
-    assert_same(step_loss_and_grads(plain, {"input_ids": ids, "labels": labels}),
-                step_loss_and_grads(chunked, {"input_ids": ids, "labels": labels}))
+    assert_same(
+        step_loss_and_grads(plain, {"input_ids": ids, "labels": labels}),
+        step_loss_and_grads(chunked, {"input_ids": ids, "labels": labels}),
+    )
 
 
 def test_translator_training_step_equal_with_and_without_chunks():
@@ -152,21 +161,27 @@ def test_translator_training_step_equal_with_and_without_chunks():
     source, labels = batch(97)
     mask = torch.ones_like(source)
     mask[0, -2:] = 0  # a padded source
-    train_batch = {"input_ids": source, "attention_mask": mask, "labels": labels,
-                   "decoder_input_ids": torch.roll(source, 1, dims=1)}
+    train_batch = {
+        "input_ids": source,
+        "attention_mask": mask,
+        "labels": labels,
+        "decoder_input_ids": torch.roll(source, 1, dims=1),
+    }
     assert_same(step_loss_and_grads(plain, train_batch), step_loss_and_grads(chunked, train_batch))
 
 
 @pytest.mark.parametrize("experiment", ["gpt_generator", "t5_translator"])
 def test_loss_chunk_is_a_task_setting_checked_at_composition(experiment, tmp_path):
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}", "task.loss_chunk=-1",
-                                          f"paths.output_dir={tmp_path}"])
+        cfg = compose(
+            "train", overrides=[f"experiment={experiment}", "task.loss_chunk=-1", f"paths.output_dir={tmp_path}"]
+        )
         assert compose("train", overrides=[f"experiment={experiment}"]).task.loss_chunk is None  # off by default
     with pytest.raises(zoo.ConfigError, match="task.loss_chunk=-1 must be >= 1"):
         check_composition(cfg)
     cfg.task.loss_chunk = 64
     model = check_composition(cfg)
-    task = instantiate(cfg.task, model=model.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
-                       _convert_="all")
+    task = instantiate(
+        cfg.task, model=model.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer), _convert_="all"
+    )
     assert task.loss_chunk == 64 and task.hparams.loss_chunk == 64  # kept in checkpoints

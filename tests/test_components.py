@@ -183,8 +183,9 @@ def _qkv(B=2, H=4, KV=4, T=6, S=6, hd=8):
 
 def test_math_kernel_is_the_textbook_formula():
     q, k, v = _qkv(B=1, H=1, KV=1)
-    y = zoo.registry.ATTENTION.get("math")(q, k, v, mask=None, is_causal=False, scale=8**-0.5, dropout_p=0.0,
-                                           probe=torch.nn.Identity())
+    y = zoo.registry.ATTENTION.get("math")(
+        q, k, v, mask=None, is_causal=False, scale=8**-0.5, dropout_p=0.0, probe=torch.nn.Identity()
+    )
     torch.testing.assert_close(y, torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), -1) @ v)
 
 
@@ -192,8 +193,9 @@ def test_math_kernel_is_the_textbook_formula():
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "float"])
 def test_sdpa_kernel_equals_math_kernel(kv_heads, mask_kind):
     q, k, v = _qkv(KV=kv_heads)
-    mask = {"none": None, "causal": None, "bool": torch.rand(2, 1, 6, 6) > 0.3,
-            "float": torch.randn(1, 4, 6, 6)}[mask_kind]
+    mask = {"none": None, "causal": None, "bool": torch.rand(2, 1, 6, 6) > 0.3, "float": torch.randn(1, 4, 6, 6)}[
+        mask_kind
+    ]
     if mask_kind == "bool":
         mask |= torch.eye(6, dtype=torch.bool)
     args = dict(mask=mask, is_causal=mask_kind == "causal", scale=0.3, dropout_p=0.0, probe=torch.nn.Identity())
@@ -225,8 +227,10 @@ def test_gqa_config_equal_heads_is_mha():
 
 
 @pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("arch,mask", [("decoder", "causal"), ("decoder", "prefix"), ("encoder", "bidirectional"),
-                                       ("encoder_decoder", "bidirectional")])
+@pytest.mark.parametrize(
+    "arch,mask",
+    [("decoder", "causal"), ("decoder", "prefix"), ("encoder", "bidirectional"), ("encoder_decoder", "bidirectional")],
+)
 def test_sdpa_path_equals_math_path_in_whole_models(position, arch, mask):
     sdpa = tiny_model(arch=arch, position=position, mask=mask, attention="sdpa")
     math_ = tiny_model(arch=arch, position=position, mask=mask, attention="math")
@@ -245,8 +249,11 @@ def test_capture_attention_returns_probabilities_and_restores_kernels():
     model = tiny_model(arch="encoder_decoder")
     with zoo.capture_attention(model) as probs:
         model(torch.randint(0, 61, (1, 7)), torch.randint(0, 61, (1, 4)))
-    assert set(probs) == {f"{s}.blocks.{i}.{a}" for s, a in [("encoder", "attn"), ("decoder", "attn"),
-                                                              ("decoder", "cross_attn")] for i in range(2)}
+    assert set(probs) == {
+        f"{s}.blocks.{i}.{a}"
+        for s, a in [("encoder", "attn"), ("decoder", "attn"), ("decoder", "cross_attn")]
+        for i in range(2)
+    }
     assert probs["decoder.blocks.0.cross_attn"].shape == (1, 4, 4, 7)
     torch.testing.assert_close(probs["encoder.blocks.1.attn"].sum(-1), torch.ones(1, 4, 7))
     assert probs["decoder.blocks.0.attn"][0, :, 0, 1:].abs().max() == 0  # causal: nothing from the future

@@ -90,8 +90,9 @@ def test_cached_generation_equals_uncached_and_sliding_window(position):
     cached = model.generate(prompt, max_new_tokens=12, eos_token_id=None)
     assert cached[:, -12:].unique().numel() > 2, "a constant continuation would make the comparison vacuous"
     assert torch.equal(cached, model.generate(prompt, max_new_tokens=12, eos_token_id=None, use_cache=False))
-    assert torch.equal(cached, _model(position, "sliding_window").generate(prompt, max_new_tokens=12,
-                                                                           eos_token_id=None))
+    assert torch.equal(
+        cached, _model(position, "sliding_window").generate(prompt, max_new_tokens=12, eos_token_id=None)
+    )
 
 
 @pytest.mark.parametrize("position", POSITIONS)
@@ -142,16 +143,33 @@ def test_a_document_mask_is_refused_where_its_single_document_mask_is():
 
 
 # ---- the real commands -----------------------------------------------------------------------------
-LLAMA = ["model=llama-tiny", "model.d_ff=64", "data.packing=documents", "model/mask=document", "model.window=8",
-         "model.activation_checkpointing=all", "adapter=lora", "adapter.rank=4", "optimizer.lr=0.01"]
+LLAMA = [
+    "model=llama-tiny",
+    "model.d_ff=64",
+    "data.packing=documents",
+    "model/mask=document",
+    "model.window=8",
+    "model.activation_checkpointing=all",
+    "adapter=lora",
+    "adapter.rank=4",
+    "optimizer.lr=0.01",
+]
 
 
 @pytest.mark.slow
 def test_a_lora_run_of_a_packed_checkpointed_sliding_window_llama_trains_exports_and_generates(tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "run"
-    trained = run("train", "experiment=gpt_generator", *TINY["gpt_generator"], *STEPS, *LLAMA,
-                  f"hydra.run.dir={out}", "test=false", cwd=tmp_path)
+    trained = run(
+        "train",
+        "experiment=gpt_generator",
+        *TINY["gpt_generator"],
+        *STEPS,
+        *LLAMA,
+        f"hydra.run.dir={out}",
+        "test=false",
+        cwd=tmp_path,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     with (out / "logs" / "metrics.csv").open() as f:
         losses = [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")]
@@ -172,7 +190,13 @@ def test_a_lora_run_of_a_packed_checkpointed_sliding_window_llama_trains_exports
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, task.model(ids), atol=1e-4, rtol=1e-4)
 
-    generated = run("generate", f"ckpt_path={ckpt}", "prompt=def add", "max_new_tokens=24",
-                    f"hydra.run.dir={tmp_path / 'generate'}", cwd=tmp_path)
+    generated = run(
+        "generate",
+        f"ckpt_path={ckpt}",
+        "prompt=def add",
+        "max_new_tokens=24",
+        f"hydra.run.dir={tmp_path / 'generate'}",
+        cwd=tmp_path,
+    )
     assert generated.returncode == 0, generated.stderr[-3000:]
     assert generated.stdout.startswith("def add") and len(generated.stdout) > len("def add")

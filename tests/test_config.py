@@ -9,37 +9,40 @@ from zoo.position import NoPosition
 from zoo.registry import POSITION
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (dict(d_model=30, n_heads=4), r"n_heads=4 does not divide d_model=30"),
-    (dict(n_kv_heads=3), r"n_kv_heads=3 does not divide n_heads=4"),
-    (dict(position="rope", head_dim=7, n_heads=4), r"head_dim=7 must be even"),
-    (dict(position="learned", max_seq_len=None), r"learned.*needs max_seq_len"),
-    (dict(arch="encoder_decoder", mask="causal"), r"encoder_decoder's encoder cannot be causal"),
-    (dict(arch="decoder", mask="bidirectional"), r"decoder see the tokens it must predict"),
-    (dict(n_layers=0), r"n_layers=0 must be a positive integer"),
-    (dict(d_model=-8), r"d_model=-8 must be a positive integer"),
-    (dict(vocab_size=10.5), r"vocab_size=10.5 must be a positive integer"),
-    (dict(dropout=1.0), r"dropout=1.0 must lie in \[0, 1\)"),
-    (dict(dropout=-0.1), r"dropout=-0.1 must lie in \[0, 1\)"),
-    (dict(attn_dropout=1.5), r"attn_dropout=1.5"),
-    (dict(position="rop"), r"position='rop' is not a registered position.*Did you mean 'rope'"),
-    (dict(norm="rms"), r"norm='rms'.*valid names: layernorm, rmsnorm"),
-    (dict(ffn="swish"), r"ffn='swish'.*Did you mean 'swiglu'"),
-    (dict(arch="gpt"), r"arch='gpt'.*decoder, encoder, encoder_decoder"),
-    (dict(mask="casual"), r"mask='casual'.*Did you mean 'causal'"),
-    (dict(norm_placement="pre_norm"), r"norm_placement='pre_norm'.*Did you mean 'pre'"),
-    (dict(attention="flash"), r"attention='flash'.*math, sdpa"),
-    (dict(pooler=True), r"pooler=True is an encoder head"),
-    (dict(arch="encoder", n_encoder_layers=2), r"n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'"),
-    (dict(type_vocab_size=2), r"type_vocab_size .* is for arch='encoder'"),
-    (dict(rope_scaling="yarn"), r"rope_scaling='yarn'"),
-    (dict(rope_scaling="linear", rope_scaling_factor=0.5), r"rope_scaling_factor=0.5 must be >= 1"),
-    (dict(gelu_approximate="erf"), r"gelu_approximate='erf'"),
-    (dict(position="t5_relative", rel_buckets=7), r"rel_buckets=7 must be even"),
-    (dict(position="t5_relative", rel_max_distance=8, rel_buckets=32), r"rel_max_distance=8 must exceed"),
-    (dict(eos_token_id=61), r"eos_token_id=61 must be a token id in \[0, vocab_size=61\)"),
-    (dict(norm_eps=0.0), r"norm_eps=0.0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(d_model=30, n_heads=4), r"n_heads=4 does not divide d_model=30"),
+        (dict(n_kv_heads=3), r"n_kv_heads=3 does not divide n_heads=4"),
+        (dict(position="rope", head_dim=7, n_heads=4), r"head_dim=7 must be even"),
+        (dict(position="learned", max_seq_len=None), r"learned.*needs max_seq_len"),
+        (dict(arch="encoder_decoder", mask="causal"), r"encoder_decoder's encoder cannot be causal"),
+        (dict(arch="decoder", mask="bidirectional"), r"decoder see the tokens it must predict"),
+        (dict(n_layers=0), r"n_layers=0 must be a positive integer"),
+        (dict(d_model=-8), r"d_model=-8 must be a positive integer"),
+        (dict(vocab_size=10.5), r"vocab_size=10.5 must be a positive integer"),
+        (dict(dropout=1.0), r"dropout=1.0 must lie in \[0, 1\)"),
+        (dict(dropout=-0.1), r"dropout=-0.1 must lie in \[0, 1\)"),
+        (dict(attn_dropout=1.5), r"attn_dropout=1.5"),
+        (dict(position="rop"), r"position='rop' is not a registered position.*Did you mean 'rope'"),
+        (dict(norm="rms"), r"norm='rms'.*valid names: layernorm, rmsnorm"),
+        (dict(ffn="swish"), r"ffn='swish'.*Did you mean 'swiglu'"),
+        (dict(arch="gpt"), r"arch='gpt'.*decoder, encoder, encoder_decoder"),
+        (dict(mask="casual"), r"mask='casual'.*Did you mean 'causal'"),
+        (dict(norm_placement="pre_norm"), r"norm_placement='pre_norm'.*Did you mean 'pre'"),
+        (dict(attention="flash"), r"attention='flash'.*math, sdpa"),
+        (dict(pooler=True), r"pooler=True is an encoder head"),
+        (dict(arch="encoder", n_encoder_layers=2), r"n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'"),
+        (dict(type_vocab_size=2), r"type_vocab_size .* is for arch='encoder'"),
+        (dict(rope_scaling="yarn"), r"rope_scaling='yarn'"),
+        (dict(rope_scaling="linear", rope_scaling_factor=0.5), r"rope_scaling_factor=0.5 must be >= 1"),
+        (dict(gelu_approximate="erf"), r"gelu_approximate='erf'"),
+        (dict(position="t5_relative", rel_buckets=7), r"rel_buckets=7 must be even"),
+        (dict(position="t5_relative", rel_max_distance=8, rel_buckets=32), r"rel_max_distance=8 must exceed"),
+        (dict(eos_token_id=61), r"eos_token_id=61 must be a token id in \[0, vocab_size=61\)"),
+        (dict(norm_eps=0.0), r"norm_eps=0.0 must be > 0"),
+    ],
+)
 def test_invalid_configs_raise_config_error_naming_the_field(overrides, message):
     with pytest.raises(zoo.ConfigError, match=message):
         zoo.build_model(tiny_config(**overrides))
@@ -70,8 +73,17 @@ def test_validate_asks_each_chosen_component_to_check_its_own_settings():
 
 
 def test_resolved_values_fill_in_the_fields_left_as_none():
-    cfg = tiny_config(d_model=32, n_heads=4, head_dim=None, n_kv_heads=None, d_ff=None, ffn="gelu", mask=None,
-                      arch="encoder_decoder", n_decoder_layers=1)
+    cfg = tiny_config(
+        d_model=32,
+        n_heads=4,
+        head_dim=None,
+        n_kv_heads=None,
+        d_ff=None,
+        ffn="gelu",
+        mask=None,
+        arch="encoder_decoder",
+        n_decoder_layers=1,
+    )
     assert (cfg.resolved_head_dim, cfg.resolved_n_kv_heads, cfg.resolved_d_ff) == (8, 4, 128)
     assert (cfg.resolved_n_encoder_layers, cfg.resolved_n_decoder_layers) == (2, 1)
     assert cfg.resolved_mask == "bidirectional" and tiny_config(arch="decoder").resolved_mask == "causal"

@@ -16,8 +16,11 @@ from tasks.data.modules import IGNORE
 from tasks.data.sources import local_records, number_pairs, split_of, stdlib_docstrings
 from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, train_tokenizer
 
-TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    x: int\n    y: int\n",
-         "The quick brown fox jumps over the lazy dog."] * 30
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    x: int\n    y: int\n",
+    "The quick brown fox jumps over the lazy dog.",
+] * 30
 
 
 def test_splits_are_deterministic_and_proportional():
@@ -52,13 +55,21 @@ def _setup(dm):
 
 def test_lm_data_packs_full_blocks_with_shifted_labels(tmp_path):
     (tmp_path / "corpus.txt").write_text("\n".join(TEXTS * 3))
-    dm = _setup(LMDataModule(source="local", source_args={"path": str(tmp_path)}, vocab_size=300, seq_len=16,
-                             batch_size=4, val_fraction=0.2, test_fraction=0.0))
+    dm = _setup(
+        LMDataModule(
+            source="local",
+            source_args={"path": str(tmp_path)},
+            vocab_size=300,
+            seq_len=16,
+            batch_size=4,
+            val_fraction=0.2,
+            test_fraction=0.0,
+        )
+    )
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape == batch["labels"].shape == (4, 16)
     assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
-    assert dm.model_sizes() == {"vocab_size": dm.tokenizer.get_vocab_size(), "pad_token_id": PAD,
-                                "eos_token_id": EOS}
+    assert dm.model_sizes() == {"vocab_size": dm.tokenizer.get_vocab_size(), "pad_token_id": PAD, "eos_token_id": EOS}
 
 
 def test_local_records_read_csv_and_jsonl(tmp_path):
@@ -86,8 +97,9 @@ def test_mlm_masking_follows_15_percent_and_80_10_10():
 
 
 def test_translation_batches_shift_the_target_behind_the_start_token():
-    dm = _setup(TranslationDataModule(source="numbers", source_args={"n": 300}, vocab_size=150, seq_len=32,
-                                      batch_size=8))
+    dm = _setup(
+        TranslationDataModule(source="numbers", source_args={"n": 300}, vocab_size=150, seq_len=32, batch_size=8)
+    )
     batch = next(iter(dm.val_dataloader()))
     labels, dec = batch["labels"], batch["decoder_input_ids"]
     assert (dec[:, 0] == PAD).all()
@@ -130,8 +142,9 @@ def test_number_pairs_give_short_numbers_weight_and_score_each_number_once():
     for r in records:
         targets.setdefault(r["key"], set()).add(r["target"])
     assert all(len(t) == 1 for t in targets.values()) and targets["6"] == {"six"}
-    dm = _setup(TranslationDataModule(source="numbers", source_args={"n": 4000}, vocab_size=300, seq_len=32,
-                                      batch_size=8))
+    dm = _setup(
+        TranslationDataModule(source="numbers", source_args={"n": 4000}, vocab_size=300, seq_len=32, batch_size=8)
+    )
     held_out = [dm.datasets[s] for s in ("val", "test")]
     for dataset in held_out:  # a repeated number weights training; a score counts it once
         references = [item[2] for item in dataset.items]

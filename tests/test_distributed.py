@@ -21,9 +21,14 @@ def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     flags = [a for a in args if a.startswith("-")]  # Hydra's flags (-m) before the overrides
     overrides = [a for a in args if not a.startswith("-")]
-    return subprocess.run([sys.executable, "-m", "tasks.cli.train", *flags, "trainer=ddp", "trainer.devices=2",
-                           *overrides],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli.train", *flags, "trainer=ddp", "trainer.devices=2", *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_bucketing_shards_batches_across_processes():
@@ -48,16 +53,34 @@ def test_ddp_trains_syncs_metrics_and_resumes(tmp_path):
     assert "val/acc" in header and "test/acc" in header
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the second process made no directory of its own
 
-    resumed = _train([*args, f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "trainer.max_steps=8", "test=false",
-                      f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
+    resumed = _train(
+        [
+            *args,
+            f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+            "trainer.max_steps=8",
+            "test=false",
+            f"hydra.run.dir={tmp_path / 'resumed'}",
+        ],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
 def test_multirun_with_ddp_makes_one_directory_per_job(tmp_path):
     sweep = tmp_path / "sweep"
-    done = _train(["-m", "experiment=gpt_generator", "model/position=rope,alibi", *TINY["gpt_generator"], *STEPS,
-                   "test=false", f"hydra.sweep.dir={sweep}"], tmp_path)
+    done = _train(
+        [
+            "-m",
+            "experiment=gpt_generator",
+            "model/position=rope,alibi",
+            *TINY["gpt_generator"],
+            *STEPS,
+            "test=false",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]  # no stray outputs/ from the child processes

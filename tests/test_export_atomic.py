@@ -104,8 +104,15 @@ def test_a_file_size_limit_is_one_line_naming_the_file_and_leaves_nothing(gpt_ba
 
     out = tmp_path / "out"
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore", "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, "-m", "tasks.cli.export", f"ckpt_path={gpt_base}", f"out={out}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limited)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.export", f"ckpt_path={gpt_base}", f"out={out}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited,
+    )
     assert_one_line_error(done.stderr)
     assert done.returncode == 1 and f"cannot write {out / 'model.safetensors'}: File too large" in done.stderr
     assert siblings(out) == []
@@ -132,10 +139,12 @@ def _below_a_broken_link(tmp_path: Path) -> Path:
     return _dangling(tmp_path) / "model"
 
 
-BAD_OUT = {"symlink_to_a_folder": (_link_to_empty, "is a symbolic link"),
-           "dangling_symlink": (_dangling, "is a symbolic link"),
-           "below_a_file": (_below_a_file, "which is a file"),
-           "below_a_broken_link": (_below_a_broken_link, "a broken symbolic link")}
+BAD_OUT = {
+    "symlink_to_a_folder": (_link_to_empty, "is a symbolic link"),
+    "dangling_symlink": (_dangling, "is a symbolic link"),
+    "below_a_file": (_below_a_file, "which is a file"),
+    "below_a_broken_link": (_below_a_broken_link, "a broken symbolic link"),
+}
 
 
 @pytest.mark.parametrize("fmt", export.FORMATS)
@@ -191,8 +200,14 @@ def _killed_export(ckpt: Path, out: Path, fmt: str) -> None:
         sys.argv = ["zoo-export", "ckpt_path={ckpt}", "out={out}", "format={fmt}"]
         export.main()
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=out.parent, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=out.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"},
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
 
 
@@ -219,13 +234,21 @@ def _stage(folder: Path, pid: int) -> Path:
 def test_only_dead_writers_temporary_folders_are_removed(tmp_path):
     out = tmp_path / "out"
     dead, alive = _stage(out, dead_pid()), _stage(out, os.getpid())
-    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         import zoo.io
-        with zoo.io.atomic_folder({str(tmp_path / 'out')!r}) as stage:
+        with zoo.io.atomic_folder({str(tmp_path / "out")!r}) as stage:
             print(stage, flush=True)
             time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         running = Path(writer.stdout.readline().strip())  # another live writer of the same folder
         locked = _stage(out, dead_pid())  # a dead pid (as seen from another PID namespace) whose lock is held
@@ -265,6 +288,7 @@ def test_an_export_into_a_previous_one_moves_config_json_last(gpt_base, tmp_path
     monkeypatch.setattr(os, "replace", replace)
     export.export_safetensors(task, info, tmp_path / "out", card="# card\n")
     assert moved[-1] == "config.json" and sorted(moved) == sorted(
-        json.loads((tmp_path / "out" / "config.json").read_text())["zoo_export"]["files"])
+        json.loads((tmp_path / "out" / "config.json").read_text())["zoo_export"]["files"]
+    )
     assert (tmp_path / "out" / "notes.md").read_text() == "mine" and siblings(tmp_path / "out") == ["out"]
     assert set(snapshot(tmp_path / "out")) == {*moved, "notes.md"}

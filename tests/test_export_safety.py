@@ -41,8 +41,9 @@ def ckpt(tmp_path_factory) -> Path:
 
 def zoo_export(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "tasks.cli.export", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli.export", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def export_in_process(monkeypatch, *args: str) -> None:
@@ -121,11 +122,14 @@ def test_overwrite_true_replaces_only_the_files_the_export_writes(ckpt, tmp_path
 
 
 # ---- zoo-export: refusals in process ------------------------------------------------------------
-@pytest.mark.parametrize("args,words", [
-    (["format=pt"], "format='pt'"),
-    (["overwrite=yes"], "overwrite='yes'"),
-    ([], "is a file"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["format=pt"], "format='pt'"),
+        (["overwrite=yes"], "overwrite='yes'"),
+        ([], "is a file"),
+    ],
+)
 def test_export_mistakes_end_in_one_line(ckpt, tmp_path, monkeypatch, capsys, args, words):
     target = tmp_path / "a_file.txt"
     target.write_text("keep me")
@@ -226,8 +230,18 @@ def _damage(folder: Path, how: str) -> tuple[Path, Path]:
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["no folder", "no config.json", "config.json not JSON", "config.json mistyped",
-                                 "no model.safetensors", "truncated model.safetensors", "model.safetensors is text"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "no folder",
+        "no config.json",
+        "config.json not JSON",
+        "config.json mistyped",
+        "no model.safetensors",
+        "truncated model.safetensors",
+        "model.safetensors is text",
+    ],
+)
 def test_load_pretrained_names_the_broken_file(tmp_path, how):
     zoo.save_pretrained(tiny_model(), tmp_path)
     folder, broken = _damage(tmp_path, how)
@@ -256,8 +270,9 @@ def test_load_pretrained_counts_layers_before_building_them(tmp_path, monkeypatc
     (tmp_path / "config.json").write_text(json.dumps(record))
     built = []
     real_build = zoo.pretrained.build_model
-    monkeypatch.setattr(zoo.pretrained, "build_model", lambda cfg, **kw: built.append(cfg.n_layers) or
-                        real_build(cfg, **kw))
+    monkeypatch.setattr(
+        zoo.pretrained, "build_model", lambda cfg, **kw: built.append(cfg.n_layers) or real_build(cfg, **kw)
+    )
     with pytest.raises(zoo.CheckpointError, match="n_layers=20000"):
         zoo.load_pretrained(tmp_path)
     assert built and max(built) <= 2  # only shallow models were built, on the meta device
@@ -274,17 +289,20 @@ def test_check_weights_takes_a_state_dict_or_a_safetensors_header(tmp_path):
 
 
 # ---- ModelConfig.from_dict ------------------------------------------------------------------------
-@pytest.mark.parametrize("field,value,wanted", [
-    ("d_model", "512", "an integer"),
-    ("n_layers", 3.5, "an integer"),
-    ("n_layers", 4.0, "an integer"),  # a size written as a float is a mistake to show, not to round
-    ("n_layers", True, "an integer"),
-    ("bias", 1, "true or false"),
-    ("position", ["rope"], "a string"),
-    ("d_model", None, "an integer"),
-    ("n_kv_heads", "2", "an integer or null"),
-    ("norm_eps", "1e-5", "a number"),
-])
+@pytest.mark.parametrize(
+    "field,value,wanted",
+    [
+        ("d_model", "512", "an integer"),
+        ("n_layers", 3.5, "an integer"),
+        ("n_layers", 4.0, "an integer"),  # a size written as a float is a mistake to show, not to round
+        ("n_layers", True, "an integer"),
+        ("bias", 1, "true or false"),
+        ("position", ["rope"], "a string"),
+        ("d_model", None, "an integer"),
+        ("n_kv_heads", "2", "an integer or null"),
+        ("norm_eps", "1e-5", "a number"),
+    ],
+)
 def test_from_dict_refuses_a_value_of_the_wrong_type(field, value, wanted):
     with pytest.raises(zoo.ConfigError) as error:
         zoo.ModelConfig.from_dict({field: value})

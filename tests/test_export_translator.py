@@ -22,9 +22,17 @@ SOURCES = ["forty-two", "seven", "ninety-nine", "one hundred", "thirteen", "sixt
 
 def test_a_trained_translator_exports_and_decodes_in_transformers_as_in_zoo(tmp_path):
     run_dir = tmp_path / "run"
-    train(compose_train("t5_translator", run_dir, "trainer.max_steps=240", "trainer.val_check_interval=120",
-                        "optimizer.lr=3e-3", "test=false",
-                        f"model.logit_scale={32 ** -0.5}"))  # T5's tied head at TINY's d_model=32
+    train(
+        compose_train(
+            "t5_translator",
+            run_dir,
+            "trainer.max_steps=240",
+            "trainer.val_check_interval=120",
+            "optimizer.lr=3e-3",
+            "test=false",
+            f"model.logit_scale={32**-0.5}",
+        )
+    )  # T5's tied head at TINY's d_model=32
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     out = tmp_path / "hf"
     done = run("export", f"ckpt_path={ckpt}", "format=hf", f"out={out}", cwd=tmp_path)
@@ -36,8 +44,9 @@ def test_a_trained_translator_exports_and_decodes_in_transformers_as_in_zoo(tmp_
     batch = tokenizer(SOURCES, return_tensors="pt", padding=True)
     with torch.no_grad():
         theirs = hf.generate(**batch)  # the folder's own generation_config.json
-        ours = task.model.generate(batch["input_ids"], attention_mask=batch["attention_mask"],
-                                   **task.generation_settings())
+        ours = task.model.generate(
+            batch["input_ids"], attention_mask=batch["attention_mask"], **task.generation_settings()
+        )
     eos = hf.config.eos_token_id
     ended = [eos in row[1:] for row in ours.tolist()]
     assert sum(ended) >= len(SOURCES) // 2, ours.tolist()  # trained: most translations end before the limit

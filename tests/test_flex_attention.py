@@ -131,8 +131,9 @@ def test_prefix_len_as_an_int_and_per_row_give_math():
 
 
 def test_flex_applies_only_on_cuda_to_a_full_forward_sdpa_cannot_fuse_without_dropout():
-    for device, cached, dense, dropout_p in itertools.product(("cuda", "cpu", "mps"), (False, True), (False, True),
-                                                              (0.0, 0.1)):
+    for device, cached, dense, dropout_p in itertools.product(
+        ("cuda", "cpu", "mps"), (False, True), (False, True), (0.0, 0.1)
+    ):
         expected = device == "cuda" and not cached and dense and dropout_p == 0.0
         assert flex_applies(device, cached=cached, dense=dense, dropout_p=dropout_p) is expected
 
@@ -157,8 +158,7 @@ def test_auto_is_sdpa_on_the_cpu_and_asks_for_mods_on_cuda():
 @pytest.mark.parametrize(("arch", "mask", "extra"), CASES, ids=[f"{a}-{m}" for a, m, _ in CASES])
 def test_auto_where_flex_applies_equals_math(arch, mask, extra, position, monkeypatch):
     """attention='auto' as it runs on CUDA (the device check lifted): FlexMods where they apply, else sdpa."""
-    monkeypatch.setattr(zoo.attention.auto_attention, "flex_mods",
-                        lambda _device, **kw: flex_applies("cuda", **kw))
+    monkeypatch.setattr(zoo.attention.auto_attention, "flex_mods", lambda _device, **kw: flex_applies("cuda", **kw))
     overrides = dict(arch=arch, position=position, **extra)
     if mask is not None:
         overrides["mask"] = mask

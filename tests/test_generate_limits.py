@@ -42,8 +42,10 @@ def test_a_length_that_cannot_fit_is_refused_before_anything_is_allocated(monkey
     assert int(re.search(r"at most (\d+)", str(beams.value)).group(1)) < fits
 
 
-@pytest.mark.parametrize("arch,beams,use_cache", [("decoder", 1, True), ("decoder", 1, False), ("decoder", 3, True),
-                                                  ("encoder_decoder", 1, True)])
+@pytest.mark.parametrize(
+    "arch,beams,use_cache",
+    [("decoder", 1, True), ("decoder", 1, False), ("decoder", 3, True), ("encoder_decoder", 1, True)],
+)
 def test_learned_positions_stop_at_the_table_keep_the_tokens_and_warn(arch, beams, use_cache):
     model = tiny_model(arch=arch, position="learned", max_seq_len=10)
     prompt = torch.randint(5, 61, (2, 6))
@@ -96,19 +98,32 @@ def test_top_k_zero_or_none_keeps_every_token():
     assert torch.isfinite(filter_logits(logits, top_k=0)).all()
     torch.testing.assert_close(filter_logits(logits, top_k=0), filter_logits(logits, top_k=None))
     model, prompt = tiny_model(), torch.randint(5, 61, (2, 4))
-    sample = lambda top_k: model.generate(prompt, 8, eos_token_id=None, do_sample=True, top_k=top_k,  # noqa: E731
-                                          generator=torch.Generator().manual_seed(1))
+    sample = lambda top_k: model.generate(
+        prompt,
+        8,
+        eos_token_id=None,
+        do_sample=True,
+        top_k=top_k,  # noqa: E731
+        generator=torch.Generator().manual_seed(1),
+    )
     assert torch.equal(sample(0), sample(None))
 
 
-@pytest.mark.parametrize("setting,message", [
-    (dict(top_p=0.0), "top_p=0.0 must be in (0, 1]"), (dict(top_p=1.5), "top_p=1.5"),
-    (dict(top_p=float("nan")), "top_p=nan"), (dict(top_k=-1), "top_k=-1 must be a whole number >= 0"),
-    (dict(top_k=2.5), "top_k=2.5"), (dict(temperature=-0.5), "temperature=-0.5 must be a number >= 0"),
-    (dict(temperature="hot"), "temperature='hot'"), (dict(num_beams=0), "num_beams=0 must be a whole number >= 1"),
-    (dict(max_new_tokens=-1), "max_new_tokens=-1 must be a whole number >= 0"),
-    (dict(max_new_tokens="10"), "max_new_tokens='10'"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        (dict(top_p=0.0), "top_p=0.0 must be in (0, 1]"),
+        (dict(top_p=1.5), "top_p=1.5"),
+        (dict(top_p=float("nan")), "top_p=nan"),
+        (dict(top_k=-1), "top_k=-1 must be a whole number >= 0"),
+        (dict(top_k=2.5), "top_k=2.5"),
+        (dict(temperature=-0.5), "temperature=-0.5 must be a number >= 0"),
+        (dict(temperature="hot"), "temperature='hot'"),
+        (dict(num_beams=0), "num_beams=0 must be a whole number >= 1"),
+        (dict(max_new_tokens=-1), "max_new_tokens=-1 must be a whole number >= 0"),
+        (dict(max_new_tokens="10"), "max_new_tokens='10'"),
+    ],
+)
 def test_settings_that_cannot_work_are_config_errors_naming_them(setting, message):
     kw = {"max_new_tokens": 4, "do_sample": True, **setting}
     with pytest.raises(zoo.ConfigError, match=re.escape(message)):
@@ -116,22 +131,36 @@ def test_settings_that_cannot_work_are_config_errors_naming_them(setting, messag
 
 
 # ---- checkpoints for the verbs -------------------------------------------------------------------
-LINES = ["def add(a, b):\n    return a + b", "Return the running event loop.", "three hundred and twelve",
-         "trois cent douze", "a ${x} and $HOME {braces}"] * 4
+LINES = [
+    "def add(a, b):\n    return a + b",
+    "Return the running event loop.",
+    "three hundred and twelve",
+    "trois cent douze",
+    "a ${x} and $HOME {braces}",
+] * 4
 
 
 def _save(task: ZooTask, kind: str, path: Path) -> Path:
     """An untrained task saved as zoo-train saves it (plain data: config, tokenizer JSON, tensors)."""
-    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
-                "tokenizer_json": task.tokenizer_json,
-                "zoo_run": {"task": kind, "data_module": "LMDataModule", "data": {}, "config_yaml": ""},
-                "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, path)
+    torch.save(
+        {
+            "state_dict": task.state_dict(),
+            "hyper_parameters": dict(task.hparams),
+            "tokenizer_json": task.tokenizer_json,
+            "zoo_run": {"task": kind, "data_module": "LMDataModule", "data": {}, "config_yaml": ""},
+            "pytorch-lightning_version": lightning.__version__,
+            "global_step": 0,
+            "epoch": 0,
+        },
+        path,
+    )
     return path
 
 
 def _model(arch: str, vocab_size: int, **overrides) -> dict:
-    cfg = zoo.ModelConfig(arch=arch, vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
-                          max_seq_len=32, **overrides)
+    cfg = zoo.ModelConfig(
+        arch=arch, vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32, **overrides
+    )
     return cfg.to_dict()
 
 
@@ -142,17 +171,43 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
     wordpiece = with_cls_sep(train_tokenizer(LINES, "wordpiece", vocab_size=120))
     unigram = train_tokenizer(LINES, "unigram", vocab_size=120)
     out = {
-        "learned": _save(GeneratorTask(model=_model("decoder", bpe.get_vocab_size(), position="learned"),
-                                       optimizer={}, tokenizer_json=bpe.to_str()), "generator", folder / "g.ckpt"),
-        "rope": _save(GeneratorTask(model=_model("decoder", bpe.get_vocab_size(), position="rope"), optimizer={},
-                                    tokenizer_json=bpe.to_str()), "generator", folder / "rope.ckpt"),
-        "classifier": _save(ClassifierTask(model=_model("encoder", wordpiece.get_vocab_size(), position="learned"),
-                                           optimizer={}, label_names=["x", "y"], tokenizer_json=wordpiece.to_str()),
-                            "classifier", folder / "c.ckpt"),
-        "translator": _save(TranslatorTask(model=_model("encoder_decoder", unigram.get_vocab_size(),
-                                                        position="t5_relative", eos_token_id=EOS),
-                                           optimizer={}, tokenizer_json=unigram.to_str()),
-                            "translator", folder / "t.ckpt"),
+        "learned": _save(
+            GeneratorTask(
+                model=_model("decoder", bpe.get_vocab_size(), position="learned"),
+                optimizer={},
+                tokenizer_json=bpe.to_str(),
+            ),
+            "generator",
+            folder / "g.ckpt",
+        ),
+        "rope": _save(
+            GeneratorTask(
+                model=_model("decoder", bpe.get_vocab_size(), position="rope"),
+                optimizer={},
+                tokenizer_json=bpe.to_str(),
+            ),
+            "generator",
+            folder / "rope.ckpt",
+        ),
+        "classifier": _save(
+            ClassifierTask(
+                model=_model("encoder", wordpiece.get_vocab_size(), position="learned"),
+                optimizer={},
+                label_names=["x", "y"],
+                tokenizer_json=wordpiece.to_str(),
+            ),
+            "classifier",
+            folder / "c.ckpt",
+        ),
+        "translator": _save(
+            TranslatorTask(
+                model=_model("encoder_decoder", unigram.get_vocab_size(), position="t5_relative", eos_token_id=EOS),
+                optimizer={},
+                tokenizer_json=unigram.to_str(),
+            ),
+            "translator",
+            folder / "t.ckpt",
+        ),
     }
     (folder / "empty.ckpt").write_bytes(b"")
     (folder / "notes.ckpt").write_text("not a checkpoint\n")
@@ -187,8 +242,19 @@ def one_line(capsys) -> str:
 
 
 # ---- zoo-generate --------------------------------------------------------------------------------
-@pytest.mark.parametrize("prompt", ["${oc.env:HOME}", "${name} costs $5", "it's ${a.b} 'quoted'", "${", "a ${x",
-                                    "print('a\\n')", "C:\\dir\\", "\\${x}"])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "${oc.env:HOME}",
+        "${name} costs $5",
+        "it's ${a.b} 'quoted'",
+        "${",
+        "a ${x",
+        "print('a\\n')",
+        "C:\\dir\\",
+        "\\${x}",
+    ],
+)
 def test_zoo_generate_takes_the_prompt_literally(prompt, ckpts, capsys):
     text = generate([f"ckpt_path={ckpts['rope']}", f"prompt={prompt}", "max_new_tokens=2", "do_sample=false"])
     assert text.startswith(prompt)
@@ -202,24 +268,27 @@ def test_zoo_generate_says_in_one_line_where_the_positions_end(ckpts, capsys):
     assert err.startswith("zoo: warning: generation stopped after") and "max_seq_len" in err
 
 
-@pytest.mark.parametrize("ckpt,overrides,message", [
-    ("rope", ["prompt="], "UserError: prompt= gives no tokens; give some text"),
-    ("rope", [], "prompt= is required"),
-    (None, ["prompt=x"], "ckpt_path= is required"),
-    ("empty.ckpt", ["prompt=x"], "CheckpointError: "),
-    ("notes.ckpt", ["prompt=x"], "is not a checkpoint written by torch.save"),
-    ("cut.ckpt", ["prompt=x"], "damaged or truncated"),
-    ("folder", ["prompt=x"], "is a directory"),
-    ("rope", ["prompt=def", "max_new_tokens=1000000000000"], "max_new_tokens=1000000000000 cannot fit"),
-    ("rope", ["prompt=def", "top_p=0"], "ConfigError: top_p=0 must be in (0, 1]"),
-    ("rope", ["prompt=def", "top_k=-1"], "top_k=-1"),
-    ("rope", ["prompt=def", "temperature=-1"], "temperature=-1"),
-    ("learned", ["prompt=" + "def add " * 20], "prompt=: the prompt is"),
-    ("translator", ["prompt=three hundred", "num_beams=0"], "num_beams=0 must be a whole number >= 1"),
-    ("classifier", ["prompt=   "], "prompt= gives no tokens"),
-    ("classifier", ["prompt=Return the loop", "top=0"], "top=0 must be a whole number >= 1"),
-    ("classifier", ["prompt=" + "Return the loop " * 20], "this model numbers at most 32 positions"),
-])
+@pytest.mark.parametrize(
+    "ckpt,overrides,message",
+    [
+        ("rope", ["prompt="], "UserError: prompt= gives no tokens; give some text"),
+        ("rope", [], "prompt= is required"),
+        (None, ["prompt=x"], "ckpt_path= is required"),
+        ("empty.ckpt", ["prompt=x"], "CheckpointError: "),
+        ("notes.ckpt", ["prompt=x"], "is not a checkpoint written by torch.save"),
+        ("cut.ckpt", ["prompt=x"], "damaged or truncated"),
+        ("folder", ["prompt=x"], "is a directory"),
+        ("rope", ["prompt=def", "max_new_tokens=1000000000000"], "max_new_tokens=1000000000000 cannot fit"),
+        ("rope", ["prompt=def", "top_p=0"], "ConfigError: top_p=0 must be in (0, 1]"),
+        ("rope", ["prompt=def", "top_k=-1"], "top_k=-1"),
+        ("rope", ["prompt=def", "temperature=-1"], "temperature=-1"),
+        ("learned", ["prompt=" + "def add " * 20], "prompt=: the prompt is"),
+        ("translator", ["prompt=three hundred", "num_beams=0"], "num_beams=0 must be a whole number >= 1"),
+        ("classifier", ["prompt=   "], "prompt= gives no tokens"),
+        ("classifier", ["prompt=Return the loop", "top=0"], "top=0 must be a whole number >= 1"),
+        ("classifier", ["prompt=" + "Return the loop " * 20], "this model numbers at most 32 positions"),
+    ],
+)
 def test_zoo_generate_mistakes_end_in_one_line(ckpt, overrides, message, ckpts, capsys):
     path = [] if ckpt is None else [f"ckpt_path={ckpts[ckpt] if ckpt in ckpts else ckpts['folder'] / ckpt}"]
     with pytest.raises(SystemExit) as stop:
@@ -243,11 +312,14 @@ def test_zoo_generate_with_int8_weights_and_kv_cache(ckpt, prompt, ckpts):
     assert isinstance(text, str) and (ckpt != "rope" or text.startswith("def add"))
 
 
-@pytest.mark.parametrize("setting,message", [
-    ("quantize=int4", "quantize=int4: weights='int4' needs a CUDA device"),
-    ("quantize=int3", "quantize=int3: weights='int3' is not a registered weight precision"),
-    ("kv_cache=int4", "kv_cache=int4 is not a KV-cache precision; choose int8"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ("quantize=int4", "quantize=int4: weights='int4' needs a CUDA device"),
+        ("quantize=int3", "quantize=int3: weights='int3' is not a registered weight precision"),
+        ("kv_cache=int4", "kv_cache=int4 is not a KV-cache precision; choose int8"),
+    ],
+)
 def test_zoo_generate_refuses_a_precision_in_one_line(setting, message, ckpts, capsys):
     with pytest.raises(SystemExit) as stop:
         generate([f"ckpt_path={ckpts['rope']}", "prompt=def", setting])
@@ -280,16 +352,19 @@ def test_zoo_attention_takes_the_text_literally(ckpts, tmp_path):
     assert f"text: {text!r}" in (tmp_path / "heads.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["model_dir=FOLDER", "text=x"], "has no config.json"),
-    (["model_dir=FOLDER/export", "text=x"], "model.safetensors"),
-    (["ckpt_path=FOLDER/empty.ckpt", "text=x"], "CheckpointError: "),
-    (["ckpt_path=FOLDER/cut.ckpt", "text=x"], "damaged or truncated"),
-    (["ckpt_path=FOLDER", "text=x"], "is a directory"),
-    (["ckpt_path=FOLDER/g.ckpt", "text=x", "tokenizer_path=FOLDER/notes.ckpt"], "is not a tokenizer.json"),
-    (["ckpt_path=FOLDER/g.ckpt", "text=x", "max_tokens=many"], "max_tokens='many' must be a whole number"),
-    (["ckpt_path=FOLDER/g.ckpt", "text=x", "sink_threshold=high"], "sink_threshold='high' must be a number"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model_dir=FOLDER", "text=x"], "has no config.json"),
+        (["model_dir=FOLDER/export", "text=x"], "model.safetensors"),
+        (["ckpt_path=FOLDER/empty.ckpt", "text=x"], "CheckpointError: "),
+        (["ckpt_path=FOLDER/cut.ckpt", "text=x"], "damaged or truncated"),
+        (["ckpt_path=FOLDER", "text=x"], "is a directory"),
+        (["ckpt_path=FOLDER/g.ckpt", "text=x", "tokenizer_path=FOLDER/notes.ckpt"], "is not a tokenizer.json"),
+        (["ckpt_path=FOLDER/g.ckpt", "text=x", "max_tokens=many"], "max_tokens='many' must be a whole number"),
+        (["ckpt_path=FOLDER/g.ckpt", "text=x", "sink_threshold=high"], "sink_threshold='high' must be a number"),
+    ],
+)
 def test_zoo_attention_mistakes_end_in_one_line(overrides, message, ckpts, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         attention(tmp_path / "out", *[o.replace("FOLDER", str(ckpts["folder"])) for o in overrides])
@@ -300,8 +375,14 @@ def test_zoo_attention_mistakes_end_in_one_line(overrides, message, ckpts, tmp_p
 # ---- the real commands ---------------------------------------------------------------------------
 def _run(verb: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", f"tasks.cli.{verb}", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", f"tasks.cli.{verb}", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -316,11 +397,14 @@ def test_real_zoo_generate_prints_a_literal_prompt_and_one_warning_line(ckpts, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verb,args,message", [
-    ("generate", ["ckpt_path=CKPT", "prompt="], "zoo: UserError: prompt= gives no tokens; give some text"),
-    ("generate", ["ckpt_path=FOLDER/cut.ckpt", "prompt=x"], "zoo: CheckpointError: "),
-    ("attention", ["model_dir=FOLDER/export", "text=x"], "zoo: CheckpointError: "),
-])
+@pytest.mark.parametrize(
+    "verb,args,message",
+    [
+        ("generate", ["ckpt_path=CKPT", "prompt="], "zoo: UserError: prompt= gives no tokens; give some text"),
+        ("generate", ["ckpt_path=FOLDER/cut.ckpt", "prompt=x"], "zoo: CheckpointError: "),
+        ("attention", ["model_dir=FOLDER/export", "text=x"], "zoo: CheckpointError: "),
+    ],
+)
 def test_real_commands_end_a_mistake_in_one_line(verb, args, message, ckpts, tmp_path):
     args = [a.replace("CKPT", str(ckpts["rope"])).replace("FOLDER", str(ckpts["folder"])) for a in args]
     run = _run(verb, *args, f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
@@ -339,8 +423,16 @@ def test_zoo_generate_passes_the_repetition_controls_to_generate(ckpt, do_sample
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(zoo.ZooModel, "generate", spy)
-    generate([f"ckpt_path={ckpts[ckpt]}", "prompt=def add", "max_new_tokens=4", f"do_sample={do_sample}",
-              "repetition_penalty=1.5", "no_repeat_ngram_size=2"])
+    generate(
+        [
+            f"ckpt_path={ckpts[ckpt]}",
+            "prompt=def add",
+            "max_new_tokens=4",
+            f"do_sample={do_sample}",
+            "repetition_penalty=1.5",
+            "no_repeat_ngram_size=2",
+        ]
+    )
     assert seen["repetition_penalty"] == 1.5 and seen["no_repeat_ngram_size"] == 2
     with pytest.raises(SystemExit):
         generate([f"ckpt_path={ckpts[ckpt]}", "prompt=def add", "no_repeat_ngram_size=-1"])

@@ -121,8 +121,15 @@ def test_repetition_penalty_repeats_fewer_tokens(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("mode", [{}, {"do_sample": True, "temperature": 0.9, "top_k": 20, "top_p": 0.9},
-                                  {"num_beams": 3}, {"num_beams": 3, "eos_token_id": 7, "length_penalty": 0.7}])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {},
+        {"do_sample": True, "temperature": 0.9, "top_k": 20, "top_p": 0.9},
+        {"num_beams": 3},
+        {"num_beams": 3, "eos_token_id": 7, "length_penalty": 0.7},
+    ],
+)
 def test_explicit_defaults_change_nothing(arch, mode):
     model = tiny_model(arch=arch)
     kw = {"eos_token_id": None, **mode}
@@ -155,8 +162,16 @@ def test_decoding_matches_a_loop_over_hf_processors(arch, sampling):
     temperature, top-k and top-p, then takes the argmax or samples."""
     hf_penalty, hf_ngram = _processors()
     model = _looping_model(arch)
-    out = model.generate(PROMPT, 12, eos_token_id=None, repetition_penalty=1.4, no_repeat_ngram_size=2,
-                         do_sample=bool(sampling), generator=torch.Generator().manual_seed(0), **sampling)
+    out = model.generate(
+        PROMPT,
+        12,
+        eos_token_id=None,
+        repetition_penalty=1.4,
+        no_repeat_ngram_size=2,
+        do_sample=bool(sampling),
+        generator=torch.Generator().manual_seed(0),
+        **sampling,
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         ids = PROMPT if arch == "decoder" else torch.full((2, 1), model.config.decoder_start_token_id)
@@ -171,8 +186,17 @@ def test_decoding_matches_a_loop_over_hf_processors(arch, sampling):
                 token = logits.argmax(-1, keepdim=True)
             ids = torch.cat([ids, token], dim=1)
     assert torch.equal(out, ids)
-    assert not torch.equal(out, model.generate(PROMPT, 12, eos_token_id=None, do_sample=bool(sampling),
-                                               generator=torch.Generator().manual_seed(0), **sampling))
+    assert not torch.equal(
+        out,
+        model.generate(
+            PROMPT,
+            12,
+            eos_token_id=None,
+            do_sample=bool(sampling),
+            generator=torch.Generator().manual_seed(0),
+            **sampling,
+        ),
+    )
 
 
 @pytest.mark.parametrize("controls", [{"repetition_penalty": 3.0}, {"no_repeat_ngram_size": 1}])
@@ -204,8 +228,14 @@ def test_the_start_token_is_no_history():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("mode", [{"do_sample": True, "temperature": 0.8, "top_k": 30, "top_p": 0.95},
-                                  {"num_beams": 3}, {"num_beams": 2, "eos_token_id": 7, "length_penalty": 0.6}])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"do_sample": True, "temperature": 0.8, "top_k": 30, "top_p": 0.95},
+        {"num_beams": 3},
+        {"num_beams": 2, "eos_token_id": 7, "length_penalty": 0.6},
+    ],
+)
 def test_sampling_and_beam_search_obey_the_controls_with_and_without_cache(arch, mode):
     model = _looping_model(arch)
     base = {"eos_token_id": None, **mode}
@@ -228,13 +258,23 @@ def test_greedy_with_and_without_cache_agree_with_controls(arch, position):
 
 
 # ---- settings ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("repetition_penalty", float("nan")),
-    ("repetition_penalty", float("inf")), ("repetition_penalty", True), ("repetition_penalty", "1.2"),
-    ("repetition_penalty", None),
-    ("no_repeat_ngram_size", -1), ("no_repeat_ngram_size", 2.0), ("no_repeat_ngram_size", True),
-    ("no_repeat_ngram_size", "3"), ("no_repeat_ngram_size", None),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("repetition_penalty", 0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", float("nan")),
+        ("repetition_penalty", float("inf")),
+        ("repetition_penalty", True),
+        ("repetition_penalty", "1.2"),
+        ("repetition_penalty", None),
+        ("no_repeat_ngram_size", -1),
+        ("no_repeat_ngram_size", 2.0),
+        ("no_repeat_ngram_size", True),
+        ("no_repeat_ngram_size", "3"),
+        ("no_repeat_ngram_size", None),
+    ],
+)
 def test_bad_values_are_config_errors_naming_the_field(field, value):
     with pytest.raises(zoo.ConfigError, match=f"^{field}=") as caught:
         tiny_model().generate(PROMPT, 2, **{field: value})
@@ -254,20 +294,35 @@ def gpt2():
     """A tiny random HF GPT-2 (greedy paths that vary) and its zoo conversion."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64, bos_token_id=1, eos_token_id=2,
-        initializer_range=0.2)).eval()
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=100,
+            n_positions=64,
+            bos_token_id=1,
+            eos_token_id=2,
+            initializer_range=0.2,
+        )
+    ).eval()
     hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0  # run every step, as zoo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return hf, zoo.from_hf(hf)
 
 
-@pytest.mark.parametrize("kw", [
-    {"repetition_penalty": 1.5}, {"no_repeat_ngram_size": 1}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3},
-    {"num_beams": 3, "repetition_penalty": 1.5}, {"num_beams": 3, "no_repeat_ngram_size": 2},
-    {"num_beams": 4, "repetition_penalty": 2.0, "no_repeat_ngram_size": 2},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"repetition_penalty": 1.5},
+        {"no_repeat_ngram_size": 1},
+        {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3},
+        {"num_beams": 3, "repetition_penalty": 1.5},
+        {"num_beams": 3, "no_repeat_ngram_size": 2},
+        {"num_beams": 4, "repetition_penalty": 2.0, "no_repeat_ngram_size": 2},
+    ],
+)
 def test_generate_matches_hf_generate_on_gpt2(gpt2, kw):
     """Beam search included: HF applies the controls to each beam's log-probabilities, as zoo does."""
     hf, model = gpt2

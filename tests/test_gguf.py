@@ -21,8 +21,12 @@ transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
-TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world, this is a test of 123 tokens!",
-         "  leading spaces and\nnew lines\t tabs", "<s>special tokens inside</s> text"]
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, this is a test of 123 tokens!",
+    "  leading spaces and\nnew lines\t tabs",
+    "<s>special tokens inside</s> text",
+]
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_0"]
 
 
@@ -32,8 +36,12 @@ def bpe() -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(TEXTS * 20, trainer=trainer)
     return tok
 
@@ -44,9 +52,16 @@ def _hf_model(family: str, vocab: int) -> torch.nn.Module:
     if family == "gpt2":  # transformers' GGUF loading keeps GPT-2's n_positions and n_inner defaults
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, **common)).eval()
     cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[family]
-    config = cls.config_class(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                              intermediate_size=96, max_position_embeddings=64, tie_word_embeddings=family == "qwen2",
-                              **common)
+    config = cls.config_class(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        tie_word_embeddings=family == "qwen2",
+        **common,
+    )
     return cls(config).eval()
 
 
@@ -83,8 +98,10 @@ def test_written_gguf_reads_as_transformers_reads_it(family, bpe, tmp_path):
         weight_type = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}[dtype]
         assert got.loaded["attn_output.weight"] == weight_type and got.loaded["attn_norm.weight"] == "F32"
         assert got.config.tie_embeddings == model.config.tie_embeddings
-        print(f"{family} {dtype}: zoo vs transformers {_max_diff(ours, theirs):.1e}, "
-              f"vs the original {_max_diff(ours, original):.3g}")
+        print(
+            f"{family} {dtype}: zoo vs transformers {_max_diff(ours, theirs):.1e}, "
+            f"vs the original {_max_diff(ours, original):.3g}"
+        )
         if dtype == "f32":
             assert _max_diff(ours, original) < ATOL
         if dtype == "q8_0":  # the agreement of the quantized file's next tokens with the original's
@@ -163,8 +180,13 @@ def test_llama_cpp_layout_reads_as_the_original(family, tmp_path):
 def test_bpe_vocabulary_round_trip(bpe, tmp_path):
     model = zoo.from_hf(_hf_model("llama", bpe.get_vocab_size() + 4))  # padded rows: [PAD<id>] tokens
     template = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
-    zoo.to_gguf(model, tmp_path / "m.gguf", tokenizer=bpe, specials={"bos": 2, "eos": 3, "pad": 0, "unk": 1,
-                                                                     "origin": "zoo"}, chat_template=template)
+    zoo.to_gguf(
+        model,
+        tmp_path / "m.gguf",
+        tokenizer=bpe,
+        specials={"bos": 2, "eos": 3, "pad": 0, "unk": 1, "origin": "zoo"},
+        chat_template=template,
+    )
     got = zoo.read_gguf(tmp_path / "m.gguf")
     assert got.specials == {"bos": 2, "eos": 3, "pad": 0, "unk": 1} and got.chat_template == template
     assert not got.add_bos and got.tokenizer.get_vocab_size() == bpe.get_vocab_size() + 4
@@ -178,8 +200,10 @@ def _sentencepiece_file(path) -> list[str]:
     """A tiny llama-style (SentencePiece) vocabulary: <unk> <s> </s>, 256 byte tokens, then pieces
     whose score is minus their rank, with the weights of a tiny Llama of that vocabulary."""
     words = ["▁the", "▁quick", "▁fox", "▁hello", "▁world", "▁a", "ing", "er"]
-    pieces = sorted({w[:k] for w in words for k in range(1, len(w) + 1)} | set("abcdefghijklmnopqrstuvwxyz▁,!"),
-                    key=lambda p: (len(p), p))
+    pieces = sorted(
+        {w[:k] for w in words for k in range(1, len(w) + 1)} | set("abcdefghijklmnopqrstuvwxyz▁,!"),
+        key=lambda p: (len(p), p),
+    )
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
     types = [2, 3, 3, *[6] * 256, *[1] * len(pieces)]
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))][::-1]  # longer pieces merge first
@@ -234,12 +258,15 @@ def test_not_gguf_and_truncated_files(tmp_path):
         _one_line(error, "cut.gguf", "truncated")
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("general.architecture", "mamba", ["general.architecture='mamba'", "llama"]),
-    ("llama.block_count", "two", ["llama.block_count", "'two'", "not an integer"]),
-    ("llama.feed_forward_length", 128, ["blk.0.ffn_gate.weight", "(96, 64)", "(128, 64)"]),
-    ("llama.rope.dimension_count", 8, ["llama.rope.dimension_count=8", "partial rotary"]),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("general.architecture", "mamba", ["general.architecture='mamba'", "llama"]),
+        ("llama.block_count", "two", ["llama.block_count", "'two'", "not an integer"]),
+        ("llama.feed_forward_length", 128, ["blk.0.ffn_gate.weight", "(96, 64)", "(128, 64)"]),
+        ("llama.rope.dimension_count", 8, ["llama.rope.dimension_count=8", "partial rotary"]),
+    ],
+)
 def test_bad_metadata(tmp_path, key, value, words):
     def vocab(w):
         (w.add_string if isinstance(value, str) else w.add_uint32)(key, value)
@@ -262,9 +289,12 @@ def test_huge_declared_sizes_are_refused_before_allocating(tmp_path):
     import struct
 
     key = struct.pack("<Q", 1) + b"a"
-    cases = {"keys": _header(0, 2**62), "array": _header(0, 1, key + struct.pack("<IIQ", 9, 0, 2**60)),
-             "string": _header(0, 1, key + struct.pack("<IQ", 8, 2**61)),
-             "tensor": _header(1, 0, struct.pack("<Q", 1) + b"t" + struct.pack("<IQQIQ", 2, 2**40, 2**20, 0, 0))}
+    cases = {
+        "keys": _header(0, 2**62),
+        "array": _header(0, 1, key + struct.pack("<IIQ", 9, 0, 2**60)),
+        "string": _header(0, 1, key + struct.pack("<IQ", 8, 2**61)),
+        "tensor": _header(1, 0, struct.pack("<Q", 1) + b"t" + struct.pack("<IQQIQ", 2, 2**40, 2**20, 0, 0)),
+    }
     for name, data in cases.items():
         (tmp_path / f"{name}.gguf").write_bytes(data + bytes(64))
         with pytest.raises(zoo.CheckpointError) as error:
@@ -276,8 +306,9 @@ def test_a_type_gguf_cannot_dequantize_names_the_tensor(tmp_path):
     from zoo.gguf.reader import GGUFFile
 
     w = gguf.GGUFWriter(tmp_path / "q.gguf", "llama")
-    w.add_tensor("blk.0.attn_q.weight", torch.zeros(4, 40, dtype=torch.uint8).numpy(),
-                 raw_dtype=gguf.GGMLQuantizationType.Q8_1)  # no dequantizer in gguf
+    w.add_tensor(
+        "blk.0.attn_q.weight", torch.zeros(4, 40, dtype=torch.uint8).numpy(), raw_dtype=gguf.GGMLQuantizationType.Q8_1
+    )  # no dequantizer in gguf
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with GGUFFile(tmp_path / "q.gguf") as f, pytest.raises(zoo.CheckpointError) as error:
         f.tensor("blk.0.attn_q.weight")
@@ -292,13 +323,20 @@ def test_a_tokenizer_zoo_cannot_read(tmp_path):
     assert zoo.from_gguf(path).config.n_layers == 2  # the weights alone still read
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    ({"mask": "prefix"}, "model.mask"), ({"mask": "document", "window": 8}, "model.mask"),
-    ({"position": "alibi"}, "model.position"), ({"position": "t5_relative"}, "model.position"),
-    ({"position": "learned"}, "model.position"), ({"norm_placement": "sandwich"}, "model.norm_placement"),
-    ({"bias": True}, "model.bias"), ({"arch": "encoder"}, "model.arch"),
-    ({"ffn": "gelu", "norm": "layernorm", "position": "learned", "bias": True}, "model.ffn"),  # erf GELU
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"mask": "prefix"}, "model.mask"),
+        ({"mask": "document", "window": 8}, "model.mask"),
+        ({"position": "alibi"}, "model.position"),
+        ({"position": "t5_relative"}, "model.position"),
+        ({"position": "learned"}, "model.position"),
+        ({"norm_placement": "sandwich"}, "model.norm_placement"),
+        ({"bias": True}, "model.bias"),
+        ({"arch": "encoder"}, "model.arch"),
+        ({"ffn": "gelu", "norm": "layernorm", "position": "learned", "bias": True}, "model.ffn"),  # erf GELU
+    ],
+)
 def test_export_refusals_are_one_line_and_write_nothing(tmp_path, overrides, field):
     from conftest import tiny_model
 

@@ -57,14 +57,21 @@ def theirs() -> tuple[torch.nn.Module, object]:
 
 
 def _chat(tokenizer, prompt: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_smollm2_config_and_vocabulary(ours, theirs):
     cfg = ours.config
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab_size) == (
-        30, 576, 9, 3, 1536, 49152)
+        30,
+        576,
+        9,
+        3,
+        1536,
+        49152,
+    )
     assert cfg.rope_base == 1e5 and cfg.tie_embeddings and ours.architecture == "llama"
     assert ours.loaded["attn_q.weight"] == "Q4_1" and ours.loaded["token_embd.weight"] == "Q8_0"
     _, tokenizer = theirs
@@ -89,10 +96,11 @@ def test_smollm2_greedy_text_matches_transformers(ours, theirs):
     model, tokenizer = theirs
     for prompt in PROMPTS:
         ids = torch.tensor([ours.tokenizer.encode(_chat(tokenizer, prompt)).ids])
-        mine = ours.model.generate(ids, max_new_tokens=NEW)[0, ids.shape[1]:].tolist()
+        mine = ours.model.generate(ids, max_new_tokens=NEW)[0, ids.shape[1] :].tolist()
         with torch.no_grad():
-            reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                       max_new_tokens=NEW)[0, ids.shape[1]:].tolist()
+            reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW)[
+                0, ids.shape[1] :
+            ].tolist()
         print(f"\n{prompt!r} -> {ours.tokenizer.decode(mine)!r}")
         assert mine == reference, (prompt, ours.tokenizer.decode(mine), tokenizer.decode(reference))
         assert len(set(mine)) > 2
@@ -100,8 +108,16 @@ def test_smollm2_greedy_text_matches_transformers(ours, theirs):
 
 def test_smollm2_exports_back_to_gguf(ours, tmp_path):
     start = time.perf_counter()
-    zoo.to_gguf(ours.model, tmp_path / "model.gguf", dtype="q8_0", tokenizer=ours.tokenizer, specials=ours.specials,
-                add_bos=ours.add_bos, chat_template=ours.chat_template, name="SmolLM2-135M-Instruct")
+    zoo.to_gguf(
+        ours.model,
+        tmp_path / "model.gguf",
+        dtype="q8_0",
+        tokenizer=ours.tokenizer,
+        specials=ours.specials,
+        add_bos=ours.add_bos,
+        chat_template=ours.chat_template,
+        name="SmolLM2-135M-Instruct",
+    )
     back = zoo.read_gguf(tmp_path / "model.gguf")
     print(f"\nto_gguf q8_0 and read back: {time.perf_counter() - start:.1f} s")
     assert back.config == ours.config and back.chat_template == ours.chat_template
@@ -112,6 +128,8 @@ def test_smollm2_exports_back_to_gguf(ours, tmp_path):
     with torch.no_grad():
         a, b = (m(torch.tensor([ids]))[0] for m in (ours.model, back.model))
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-    print(f"q8_0 re-export of the Q4_1 model: logits within {(a - b).abs().max().item():.2f}, next tokens agree "
-          f"{agree:.0%} over {len(ids)} positions")
+    print(
+        f"q8_0 re-export of the Q4_1 model: logits within {(a - b).abs().max().item():.2f}, next tokens agree "
+        f"{agree:.0%} over {len(ids)} positions"
+    )
     assert agree > 0.8

@@ -38,8 +38,17 @@ SHORT = [s for s in STEPS if not s.startswith("trainer.max_steps")]
 def llama_ckpt(tmp_path_factory) -> Path:
     """last.ckpt of a tiny Llama-shaped generator (RoPE, RMSNorm, SwiGLU) trained 4 steps by zoo-train."""
     tmp = tmp_path_factory.mktemp("llama")
-    done = run("train", "experiment=gpt_generator", "model=llama-tiny", *TINY["gpt_generator"], *SHORT,
-               "trainer.max_steps=4", "test=false", f"hydra.run.dir={tmp / 'run'}", cwd=tmp)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        "model=llama-tiny",
+        *TINY["gpt_generator"],
+        *SHORT,
+        "trainer.max_steps=4",
+        "test=false",
+        f"hydra.run.dir={tmp / 'run'}",
+        cwd=tmp,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp / "run" / "checkpoints" / "last.ckpt"
 
@@ -56,8 +65,9 @@ def exported(llama_ckpt, tmp_path_factory) -> tuple[Path, str]:
 def _hf(folder: Path) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf",
-                                                                 dtype=torch.float32).eval()
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file="model.gguf", dtype=torch.float32
+        ).eval()
 
 
 @pytest.mark.slow
@@ -81,7 +91,10 @@ def test_export_gguf_reads_in_transformers_as_the_checkpoint(llama_ckpt, exporte
     assert got.tokenizer.encode(text).ids == task.tokenizer.encode(text).ids
     specials = task.special_tokens
     assert {role: got.specials[role] for role in ("bos", "eos", "pad")} == {
-        "bos": specials.bos, "eos": specials.eos, "pad": specials.pad}
+        "bos": specials.bos,
+        "eos": specials.eos,
+        "pad": specials.pad,
+    }
 
 
 @pytest.mark.slow
@@ -117,8 +130,17 @@ def test_init_from_gguf_starts_from_the_files_model(exported, tmp_path):
     gguf = exported[0] / "model.gguf"
     run_dir = tmp_path / "run"
     data = [s for s in TINY["gpt_generator"] if not s.startswith(("model.", "data.vocab_size"))]
-    done = run("train", "experiment=gpt_generator", f"init_from={gguf}", *data, *SHORT, "trainer.max_steps=2",
-               "test=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        f"init_from={gguf}",
+        *data,
+        *SHORT,
+        "trainer.max_steps=2",
+        "test=false",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"init_from {gguf}: the model is the file's decoder" in done.stdout
     source = GGUFFile(gguf, str(gguf))
@@ -142,8 +164,9 @@ def templated(exported, tmp_path_factory) -> Path:
     """The tiny export rewritten with a chat template (as a pretrained instruct model's file has one)."""
     got = zoo.read_gguf(exported[0] / "model.gguf")
     path = tmp_path_factory.mktemp("templated") / "chat.gguf"
-    zoo.to_gguf(got.model, path, tokenizer=got.tokenizer, specials=got.specials, add_bos=got.add_bos,
-                chat_template=TEMPLATE)
+    zoo.to_gguf(
+        got.model, path, tokenizer=got.tokenizer, specials=got.specials, add_bos=got.add_bos, chat_template=TEMPLATE
+    )
     return path
 
 
@@ -152,8 +175,19 @@ def adapter_only(templated, tmp_path_factory) -> Path:
     """last.ckpt of ``zoo-train init_from=<chat.gguf> adapter=lora adapter.save=only`` (2 steps)."""
     tmp = tmp_path_factory.mktemp("adapter_only")
     data = [s for s in TINY["gpt_generator"] if not s.startswith(("model.", "data.vocab_size"))]
-    done = run("train", "experiment=gpt_generator", f"init_from={templated}", "adapter=lora", "adapter.save=only",
-               *data, *SHORT, "trainer.max_steps=2", "test=false", f"hydra.run.dir={tmp / 'run'}", cwd=tmp)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        f"init_from={templated}",
+        "adapter=lora",
+        "adapter.save=only",
+        *data,
+        *SHORT,
+        "trainer.max_steps=2",
+        "test=false",
+        f"hydra.run.dir={tmp / 'run'}",
+        cwd=tmp,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp / "run" / "checkpoints" / "last.ckpt"
 
@@ -197,20 +231,32 @@ def test_generate_eval_and_attention_take_a_gguf_file(templated, tmp_path):
     ids = got.tokenizer.encode(prompt).ids
     with torch.no_grad():
         greedy = got.model.generate(torch.tensor([ids]), 6, do_sample=False)[0].tolist()
-    done = run("generate", f"ckpt_path={templated}", f"prompt={prompt}", "max_new_tokens=6", "do_sample=false",
-               cwd=tmp_path)
+    done = run(
+        "generate", f"ckpt_path={templated}", f"prompt={prompt}", "max_new_tokens=6", "do_sample=false", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == got.tokenizer.decode(greedy, skip_special_tokens=True).strip()
     refused = run("evaluate", f"ckpt_path={templated}", f"hydra.run.dir={tmp_path / 'refused'}", cwd=tmp_path)
     one_line_error(refused, f"ckpt_path={templated}", "+data=")
-    data = ["+data=stdlib_code", "data.source_args.max_files=40", "data.seq_len=32", "data.batch_size=2",
-            "trainer.limit_test_batches=2"]
+    data = [
+        "+data=stdlib_code",
+        "data.source_args.max_files=40",
+        "data.seq_len=32",
+        "data.batch_size=2",
+        "trainer.limit_test_batches=2",
+    ]
     evaluated = run("evaluate", f"ckpt_path={templated}", *data, f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert 1 < metrics["test/ppl"] < 10 * got.model.config.vocab_size
-    drawn = run("attention", f"ckpt_path={templated}", f"prompt={prompt}", "plots=false",
-                f"hydra.run.dir={tmp_path / 'attention'}", cwd=tmp_path)
+    drawn = run(
+        "attention",
+        f"ckpt_path={templated}",
+        f"prompt={prompt}",
+        "plots=false",
+        f"hydra.run.dir={tmp_path / 'attention'}",
+        cwd=tmp_path,
+    )
     assert drawn.returncode == 0, drawn.stderr[-3000:]
     heads = (tmp_path / "attention" / "heads.md").read_text()
     assert f"text: {prompt!r}" in heads  # the text given as prompt= (not text=, its older name)

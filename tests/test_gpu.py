@@ -6,8 +6,7 @@ import torch.nn.functional as F
 
 import zoo
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 POSITIONS = zoo.list_components()["position"]
 

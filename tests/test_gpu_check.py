@@ -16,8 +16,13 @@ STEPS = ["gpu_tests", "device_bench", "flex_bench"]
 
 
 def _check(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OUT": str(out), **env})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OUT": str(out), **env},
+    )
 
 
 def _summary(out: Path) -> dict[str, tuple[str, float]]:
@@ -30,20 +35,25 @@ def test_a_failing_step_stops_no_other_and_every_step_is_reported(tmp_path):
     """Steps run by a stand-in python: the device benchmark fails, the flex benchmark after it still runs."""
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
-    fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
-                    'case "$*" in *device.py*) echo boom; exit 3;; *"-m pytest"*) exit 5;; esac\n')
+    fake.write_text(
+        '#!/usr/bin/env bash\necho "$*" >> "$CALLS"\n'
+        'case "$*" in *device.py*) echo boom; exit 3;; *"-m pytest"*) exit 5;; esac\n'
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out = tmp_path / "not" / "yet" / "there"
     done = _check(out, "--dry-run", PYTHON=str(fake), CALLS=str(calls))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["-m", "scripts/bench/device.py",
-                                                                             "scripts/bench/flex.py"]
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == [
+        "-m",
+        "scripts/bench/device.py",
+        "scripts/bench/flex.py",
+    ]
     summary = _summary(out)
     assert list(summary) == STEPS
     assert summary["gpu_tests"][0] == "ok"  # pytest's 5 (every gpu test skipped) is no failure in a dry run
     assert summary["device_bench"][0] == "FAILED (exit 3)" and summary["flex_bench"][0] == "ok"
     assert all(seconds >= 0 for _, seconds in summary.values())
-    tail = done.stdout[done.stdout.index("gpu_check summary"):]
+    tail = done.stdout[done.stdout.index("gpu_check summary") :]
     assert all(name in tail for name in STEPS) and "FAILED (exit 3)" in tail
     assert (out / "device_bench.log").read_text() == "boom\n"  # each step's output kept beside the summary
 

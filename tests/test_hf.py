@@ -41,8 +41,7 @@ def _hf_generate(hf: torch.nn.Module, ids: Tensor) -> Tensor:
     hf.generation_config.eos_token_id = None  # run all NEW steps, as zoo does with eos_token_id=None
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        return hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
-                           max_new_tokens=NEW)
+        return hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1, max_new_tokens=NEW)
 
 
 def _assert_varied(continuation: Tensor) -> None:
@@ -51,27 +50,54 @@ def _assert_varied(continuation: Tensor) -> None:
 
 # ---- tiny models -------------------------------------------------------------------------------
 def _gpt2_config(**kw) -> transformers.GPT2Config:
-    return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                   bos_token_id=1, eos_token_id=2, initializer_range=0.2, **kw)
+    return transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.2,
+        **kw,
+    )
 
 
 def _bert_config(**kw) -> transformers.BertConfig:
-    return transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                   intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
-                                   initializer_range=0.2, **kw)
+    return transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        **kw,
+    )
 
 
 def _t5_config(**kw) -> transformers.T5Config:
     # d_kv * num_heads = 128 != d_model: exercises head_dim
-    return transformers.T5Config(num_layers=2, d_model=64, num_heads=4, d_kv=32, d_ff=128, vocab_size=VOCAB,
-                                 decoder_start_token_id=0, **kw)
+    return transformers.T5Config(
+        num_layers=2, d_model=64, num_heads=4, d_kv=32, d_ff=128, vocab_size=VOCAB, decoder_start_token_id=0, **kw
+    )
 
 
 def _llama_config(cls: type | None = None, **kw) -> transformers.PretrainedConfig:
     cls = cls or transformers.LlamaConfig
-    return cls(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=96, vocab_size=VOCAB, max_position_embeddings=64, initializer_range=0.2,
-               bos_token_id=1, eos_token_id=2, **kw)
+    return cls(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        **kw,
+    )
 
 
 def _build(cls: type, config, seed: int = 0) -> torch.nn.Module:
@@ -94,10 +120,13 @@ def _t5(version: str, init: float = 1.0) -> torch.nn.Module:
     attention scores, so at 4.0 fp32 summation order alone moves logits by ~1e-3 (HF's own eager and
     sdpa paths disagree by 4e-4): logits are compared at 1.0, generations at 4.0."""
     if version == "v1.0":  # ReLU, tied head, logits scaled by d_model**-0.5
-        return _build(transformers.T5ForConditionalGeneration,
-                      _t5_config(feed_forward_proj="relu", initializer_factor=init))
-    hf = _build(transformers.T5ForConditionalGeneration,
-                _t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, initializer_factor=init))
+        return _build(
+            transformers.T5ForConditionalGeneration, _t5_config(feed_forward_proj="relu", initializer_factor=init)
+        )
+    hf = _build(
+        transformers.T5ForConditionalGeneration,
+        _t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, initializer_factor=init),
+    )
     # transformers 5 builds the head tied even so (a checkpoint with its own lm_head unties it on load)
     hf.lm_head.weight = torch.nn.Parameter(torch.randn(VOCAB, 64, generator=torch.Generator().manual_seed(3)))
     return hf
@@ -220,11 +249,15 @@ def test_rope_decoder_logits(variant):
     if variant == "gqa":
         hf = _build(transformers.LlamaForCausalLM, _llama_config())
     elif variant == "rope_linear":
-        hf = _build(transformers.LlamaForCausalLM, _llama_config(
-            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}))
+        hf = _build(
+            transformers.LlamaForCausalLM,
+            _llama_config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}),
+        )
     else:
-        hf = _build(transformers.Qwen2ForCausalLM, _llama_config(
-            transformers.Qwen2Config, tie_word_embeddings=variant == "qwen2_tied"))
+        hf = _build(
+            transformers.Qwen2ForCausalLM,
+            _llama_config(transformers.Qwen2Config, tie_word_embeddings=variant == "qwen2_tied"),
+        )
     model = _convert(hf)
     cfg = model.config
     assert cfg.resolved_n_kv_heads == 2 and cfg.n_heads == 4
@@ -256,7 +289,7 @@ def test_generate_cached(family, request):
     expected = _hf_generate(hf, ids)
     got = model.generate(ids, max_new_tokens=NEW, eos_token_id=None)
     assert got.tolist() == expected.tolist()
-    _assert_varied(got[:, ids.shape[1]:])
+    _assert_varied(got[:, ids.shape[1] :])
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -267,8 +300,8 @@ def test_generate_left_padded_batch(family, request):
     got = model.generate(prompts, max_new_tokens=NEW, eos_token_id=None)  # (2, 9 + NEW), left-padded
     for row, prompt in zip(got, prompts, strict=True):
         alone = _hf_generate(hf, torch.tensor([prompt]))[0]
-        assert row[-len(alone):].tolist() == alone.tolist()
-        _assert_varied(alone[len(prompt):])
+        assert row[-len(alone) :].tolist() == alone.tolist()
+        _assert_varied(alone[len(prompt) :])
 
 
 # ---- configs -----------------------------------------------------------------------------------
@@ -282,8 +315,9 @@ _TINY = {  # one tiny model per registered family
     "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
     "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
     "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
-    "mistral": lambda: _build(transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig,
-                                                                              sliding_window=4)),
+    "mistral": lambda: _build(
+        transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=4)
+    ),
 }
 
 
@@ -303,12 +337,15 @@ def test_every_family_round_trips_its_config_and_sizes(name):
     assert zoo.ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize(("config", "expected"), [
-    (lambda: transformers.GPT2Config(), 124_439_808),  # GPT-2 small
-    (lambda: transformers.BertConfig(), 109_482_240),  # BERT-base (with pooler)
-    (lambda: transformers.T5Config(), 60_506_624),  # T5-small
-    (lambda: transformers.LlamaConfig(), 6_738_415_616),  # Llama 2 7B
-])
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (lambda: transformers.GPT2Config(), 124_439_808),  # GPT-2 small
+        (lambda: transformers.BertConfig(), 109_482_240),  # BERT-base (with pooler)
+        (lambda: transformers.T5Config(), 60_506_624),  # T5-small
+        (lambda: transformers.LlamaConfig(), 6_738_415_616),  # Llama 2 7B
+    ],
+)
 def test_default_configs_give_published_sizes(config, expected):
     with torch.device("meta"):
         model = zoo.build_model(zoo.from_hf_config(config()))
@@ -337,12 +374,15 @@ def test_unsupported_model_type_raises():
         zoo.from_hf_config(transformers.BartConfig())
 
 
-@pytest.mark.parametrize("config", [
-    lambda: _llama_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
-    lambda: _gpt2_config(scale_attn_by_inverse_layer_idx=True),
-    lambda: _llama_config(hidden_act="relu"),  # a gated ReLU: zoo has no ReGLU
-    lambda: _llama_config(transformers.Qwen2Config, use_sliding_window=True, max_window_layers=1),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: _llama_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+        lambda: _gpt2_config(scale_attn_by_inverse_layer_idx=True),
+        lambda: _llama_config(hidden_act="relu"),  # a gated ReLU: zoo has no ReGLU
+        lambda: _llama_config(transformers.Qwen2Config, use_sliding_window=True, max_window_layers=1),
+    ],
+)
 def test_unsupported_settings_raise(config):
     with pytest.raises(ValueError, match="not supported|no zoo"):
         zoo.from_hf_config(config())

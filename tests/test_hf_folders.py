@@ -77,10 +77,13 @@ def _t5(version: str, init: float = 1.0) -> nn.Module:
     """As tests/test_hf.py::_t5: logits compared at init 1.0, generations at 4.0 (T5 does not scale
     its attention scores, so at 4.0 fp32 summation order alone moves logits by ~1e-3)."""
     if version == "v1.0":
-        return _build(transformers.T5ForConditionalGeneration,
-                      _t5_config(feed_forward_proj="relu", initializer_factor=init))
-    hf = _build(transformers.T5ForConditionalGeneration,
-                _t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, initializer_factor=init))
+        return _build(
+            transformers.T5ForConditionalGeneration, _t5_config(feed_forward_proj="relu", initializer_factor=init)
+        )
+    hf = _build(
+        transformers.T5ForConditionalGeneration,
+        _t5_config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, initializer_factor=init),
+    )
     # transformers 5 builds the head tied even so (a checkpoint with its own lm_head unties it on load)
     hf.lm_head.weight = nn.Parameter(torch.randn(VOCAB, 64, generator=torch.Generator().manual_seed(3)))
     return hf
@@ -97,17 +100,25 @@ class Spec:
 
 HF = {
     "gpt2": Spec(lambda init: _build(transformers.GPT2LMHeadModel, _gpt2_config()), "AutoModelForCausalLM", "causal"),
-    "bert_mlm": Spec(lambda init: _build(transformers.BertForMaskedLM, _bert_config()), "AutoModelForMaskedLM",
-                     "mlm"),
+    "bert_mlm": Spec(lambda init: _build(transformers.BertForMaskedLM, _bert_config()), "AutoModelForMaskedLM", "mlm"),
     "bert_base": Spec(lambda init: _build(transformers.BertModel, _bert_config()), "AutoModel", "base"),
     "t5_v1.0": Spec(lambda init: _t5("v1.0", init), "AutoModelForSeq2SeqLM", "seq2seq"),
     "t5_v1.1": Spec(lambda init: _t5("v1.1", init), "AutoModelForSeq2SeqLM", "seq2seq"),
-    "llama_gqa": Spec(lambda init: _build(transformers.LlamaForCausalLM, _llama_config()), "AutoModelForCausalLM",
-                      "causal"),
-    "qwen2_untied": Spec(lambda init: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
-                         "AutoModelForCausalLM", "causal"),
-    "qwen2_tied": Spec(lambda init: _build(transformers.Qwen2ForCausalLM, _llama_config(
-        transformers.Qwen2Config, tie_word_embeddings=True)), "AutoModelForCausalLM", "causal"),
+    "llama_gqa": Spec(
+        lambda init: _build(transformers.LlamaForCausalLM, _llama_config()), "AutoModelForCausalLM", "causal"
+    ),
+    "qwen2_untied": Spec(
+        lambda init: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
+        "AutoModelForCausalLM",
+        "causal",
+    ),
+    "qwen2_tied": Spec(
+        lambda init: _build(
+            transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config, tie_word_embeddings=True)
+        ),
+        "AutoModelForCausalLM",
+        "causal",
+    ),
 }
 
 
@@ -193,8 +204,14 @@ def test_bf16_folder_keeps_its_dtype(tmp_path):
 
 
 # ---- 2. config defaults -------------------------------------------------------------------------------
-CONFIG_CLASSES = {"bert": "BertConfig", "gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig",
-                  "qwen2": "Qwen2Config", "t5": "T5Config"}
+CONFIG_CLASSES = {
+    "bert": "BertConfig",
+    "gpt2": "GPT2Config",
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "t5": "T5Config",
+}
 
 
 def _hf_default(cls: type, key: str):
@@ -243,24 +260,80 @@ def test_family_defaults_are_transformers_defaults(name):
 
 # config.json files written by hand, leaving every other setting to the class's defaults
 SPARSE = {
-    "gpt2": ("GPT2Config", {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": VOCAB, "n_positions": 64,
-                            "bos_token_id": 1, "eos_token_id": 2}),
-    "bert": ("BertConfig", {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                            "intermediate_size": 128, "vocab_size": VOCAB, "max_position_embeddings": 64}),
-    "t5": ("T5Config", {"num_layers": 2, "d_model": 64, "num_heads": 4, "d_kv": 32, "d_ff": 128,
-                        "vocab_size": VOCAB}),
+    "gpt2": (
+        "GPT2Config",
+        {
+            "n_layer": 2,
+            "n_embd": 64,
+            "n_head": 4,
+            "vocab_size": VOCAB,
+            "n_positions": 64,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    "bert": (
+        "BertConfig",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "vocab_size": VOCAB,
+            "max_position_embeddings": 64,
+        },
+    ),
+    "t5": ("T5Config", {"num_layers": 2, "d_model": 64, "num_heads": 4, "d_kv": 32, "d_ff": 128, "vocab_size": VOCAB}),
     # transformers 4.x wrote v1.1 as tie_word_embeddings=false (no scale_decoder_outputs)
-    "t5_v1.1_4x": ("T5Config", {"num_layers": 2, "num_decoder_layers": 1, "d_model": 64, "num_heads": 4,
-                                "d_kv": 16, "d_ff": 96, "vocab_size": VOCAB, "feed_forward_proj": "gated-gelu",
-                                "tie_word_embeddings": False}),
-    "llama": ("LlamaConfig", {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                              "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": VOCAB}),
+    "t5_v1.1_4x": (
+        "T5Config",
+        {
+            "num_layers": 2,
+            "num_decoder_layers": 1,
+            "d_model": 64,
+            "num_heads": 4,
+            "d_kv": 16,
+            "d_ff": 96,
+            "vocab_size": VOCAB,
+            "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": False,
+        },
+    ),
+    "llama": (
+        "LlamaConfig",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": VOCAB,
+        },
+    ),
     # transformers 4.x wrote RoPE's base as a top-level rope_theta
-    "llama_4x_rope_theta": ("LlamaConfig", {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
-                                            "intermediate_size": 96, "vocab_size": VOCAB, "rope_theta": 500.0}),
-    "qwen2": ("Qwen2Config", {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                              "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": VOCAB,
-                              "tie_word_embeddings": True}),
+    "llama_4x_rope_theta": (
+        "LlamaConfig",
+        {
+            "num_hidden_layers": 1,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "intermediate_size": 96,
+            "vocab_size": VOCAB,
+            "rope_theta": 500.0,
+        },
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": VOCAB,
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 
 
@@ -321,8 +394,13 @@ def _hf_generate(hf: nn.Module, ids: Tensor, mask: Tensor | None = None) -> Tens
     hf.generation_config.eos_token_id = None  # run all NEW steps, as zoo does with eos_token_id=None
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        return hf.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask, do_sample=False,
-                           num_beams=1, max_new_tokens=NEW)
+        return hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids) if mask is None else mask,
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=NEW,
+        )
 
 
 def _compare_generation(model: zoo.ZooModel, hf: nn.Module) -> None:
@@ -343,7 +421,7 @@ def _compare_generation(model: zoo.ZooModel, hf: nn.Module) -> None:
     expected = _hf_generate(hf, ids, mask)
     got = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=None)
     assert got.tolist() == expected.tolist()
-    _assert_varied(got[:, ids.shape[1]:])
+    _assert_varied(got[:, ids.shape[1] :])
 
 
 def _check_written(model: zoo.ZooModel, folder: Path, architecture: str) -> None:
@@ -377,32 +455,97 @@ def test_converted_model_writes_a_folder_transformers_loads(name, tmp_path):
 
 _TINY = dict(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=64, init_std=0.2)
 _GPT = dict(_TINY, arch="decoder", position="learned", norm="layernorm", norm_placement="pre", ffn="gelu", bias=True)
-_LLAMA = dict(_TINY, arch="decoder", position="rope", norm="rmsnorm", norm_placement="pre", ffn="swiglu",
-              n_kv_heads=2, d_ff=96, tie_embeddings=False, eos_token_id=2)
-_BERT = dict(_TINY, arch="encoder", position="learned", norm="layernorm", norm_placement="post", ffn="gelu",
-             bias=True, norm_eps=1e-12)
-_T5 = dict(_TINY, arch="encoder_decoder", position="t5_relative", norm="rmsnorm", norm_placement="pre", bias=False,
-           attn_scale=1.0, max_seq_len=None, norm_eps=1e-6, init_std=0.5, head_dim=32, eos_token_id=1)
+_LLAMA = dict(
+    _TINY,
+    arch="decoder",
+    position="rope",
+    norm="rmsnorm",
+    norm_placement="pre",
+    ffn="swiglu",
+    n_kv_heads=2,
+    d_ff=96,
+    tie_embeddings=False,
+    eos_token_id=2,
+)
+_BERT = dict(
+    _TINY,
+    arch="encoder",
+    position="learned",
+    norm="layernorm",
+    norm_placement="post",
+    ffn="gelu",
+    bias=True,
+    norm_eps=1e-12,
+)
+_T5 = dict(
+    _TINY,
+    arch="encoder_decoder",
+    position="t5_relative",
+    norm="rmsnorm",
+    norm_placement="pre",
+    bias=False,
+    attn_scale=1.0,
+    max_seq_len=None,
+    norm_eps=1e-6,
+    init_std=0.5,
+    head_dim=32,
+    eos_token_id=1,
+)
 
 NATIVE = {  # zoo-native compositions that fit a family: name -> (config, Auto class, kind, family)
     "gpt2_gelu_erf": (dict(_GPT, gelu_approximate="none"), "AutoModelForCausalLM", "causal", "gpt2"),
-    "gpt2_relu_untied": (dict(_GPT, ffn="relu", tie_embeddings=False, attn_scale=1.0), "AutoModelForCausalLM",
-                         "causal", "gpt2"),
+    "gpt2_relu_untied": (
+        dict(_GPT, ffn="relu", tie_embeddings=False, attn_scale=1.0),
+        "AutoModelForCausalLM",
+        "causal",
+        "gpt2",
+    ),
     "llama_gqa": (_LLAMA, "AutoModelForCausalLM", "causal", "llama"),
-    "llama_bias_tied_linear_rope": (dict(_LLAMA, bias=True, tie_embeddings=True, rope_base=500.0,
-                                         rope_scaling="linear", rope_scaling_factor=2.0, head_dim=32),
-                                    "AutoModelForCausalLM", "causal", "llama"),
+    "llama_bias_tied_linear_rope": (
+        dict(
+            _LLAMA,
+            bias=True,
+            tie_embeddings=True,
+            rope_base=500.0,
+            rope_scaling="linear",
+            rope_scaling_factor=2.0,
+            head_dim=32,
+        ),
+        "AutoModelForCausalLM",
+        "causal",
+        "llama",
+    ),
     "qwen2": (dict(_LLAMA, qkv_bias=True), "AutoModelForCausalLM", "causal", "qwen2"),
     # post-LayerNorm, learned positions, no segments: HF gets a zero token-type table
     "bert_pooler": (dict(_BERT, type_vocab_size=0, pooler=True), "AutoModel", "base", "bert"),
-    "bert_mlm": (dict(_BERT, type_vocab_size=2, mlm_head=True, gelu_approximate="tanh"), "AutoModelForMaskedLM",
-                 "mlm", "bert"),
-    "t5_v1.0": (dict(_T5, ffn="relu", tie_embeddings=True, logit_scale=64**-0.5), "AutoModelForSeq2SeqLM",
-                "seq2seq", "t5"),
+    "bert_mlm": (
+        dict(_BERT, type_vocab_size=2, mlm_head=True, gelu_approximate="tanh"),
+        "AutoModelForMaskedLM",
+        "mlm",
+        "bert",
+    ),
+    "t5_v1.0": (
+        dict(_T5, ffn="relu", tie_embeddings=True, logit_scale=64**-0.5),
+        "AutoModelForSeq2SeqLM",
+        "seq2seq",
+        "t5",
+    ),
     "t5_gated_silu": (dict(_T5, ffn="swiglu", tie_embeddings=False), "AutoModelForSeq2SeqLM", "seq2seq", "t5"),
-    "t5_v1.1_split_depth": (dict(_T5, ffn="geglu", gelu_approximate="tanh", tie_embeddings=False,
-                                 n_encoder_layers=2, n_decoder_layers=1, rel_buckets=16, rel_max_distance=20),
-                            "AutoModelForSeq2SeqLM", "seq2seq", "t5"),
+    "t5_v1.1_split_depth": (
+        dict(
+            _T5,
+            ffn="geglu",
+            gelu_approximate="tanh",
+            tie_embeddings=False,
+            n_encoder_layers=2,
+            n_decoder_layers=1,
+            rel_buckets=16,
+            rel_max_distance=20,
+        ),
+        "AutoModelForSeq2SeqLM",
+        "seq2seq",
+        "t5",
+    ),
 }
 
 
@@ -414,14 +557,30 @@ def _native(values: dict, seed: int = 0) -> zoo.ZooModel:
 
 
 PRESETS = {  # zoo.create_model(preset, **overrides) -> (family, transformers class, Auto class, kind)
-    "gpt-tiny": (dict(d_model=64, vocab_size=VOCAB, max_seq_len=64, init_std=0.2), "GPT2LMHeadModel",
-                 "AutoModelForCausalLM", "causal"),
-    "llama-tiny": (dict(d_model=64, d_ff=96, vocab_size=VOCAB, max_seq_len=64, init_std=0.2), "LlamaForCausalLM",
-                   "AutoModelForCausalLM", "causal"),
-    "bert-tiny": (dict(d_model=64, d_ff=128, vocab_size=VOCAB, max_seq_len=64, init_std=0.2), "BertModel",
-                  "AutoModel", "base"),
-    "t5-tiny": (dict(vocab_size=VOCAB, d_ff=256, init_std=0.5), "T5ForConditionalGeneration",
-                "AutoModelForSeq2SeqLM", "seq2seq"),
+    "gpt-tiny": (
+        dict(d_model=64, vocab_size=VOCAB, max_seq_len=64, init_std=0.2),
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        "causal",
+    ),
+    "llama-tiny": (
+        dict(d_model=64, d_ff=96, vocab_size=VOCAB, max_seq_len=64, init_std=0.2),
+        "LlamaForCausalLM",
+        "AutoModelForCausalLM",
+        "causal",
+    ),
+    "bert-tiny": (
+        dict(d_model=64, d_ff=128, vocab_size=VOCAB, max_seq_len=64, init_std=0.2),
+        "BertModel",
+        "AutoModel",
+        "base",
+    ),
+    "t5-tiny": (
+        dict(vocab_size=VOCAB, d_ff=256, init_std=0.5),
+        "T5ForConditionalGeneration",
+        "AutoModelForSeq2SeqLM",
+        "seq2seq",
+    ),
 }
 
 
@@ -545,8 +704,10 @@ REFUSED = {  # a composition no transformers class computes -> the setting the m
     "learned_rmsnorm_decoder": (dict(_GPT, norm="rmsnorm"), "norm=rmsnorm"),
     "prefix_mask": (dict(_GPT, mask="prefix"), "mask=prefix"),
     "sandwich_norm": (dict(_LLAMA, norm_placement="sandwich"), "norm_placement=sandwich"),
-    "encoder_decoder_rope": (dict(_T5, position="rope", attn_scale=None, logit_scale=1.0, tie_embeddings=False,
-                                  ffn="relu"), "position=rope"),
+    "encoder_decoder_rope": (
+        dict(_T5, position="rope", attn_scale=None, logit_scale=1.0, tie_embeddings=False, ffn="relu"),
+        "position=rope",
+    ),
     "sinusoidal_encoder": (dict(_BERT, position="sinusoidal", max_seq_len=None), "position=sinusoidal"),
     "ntk_rope": (dict(_LLAMA, rope_scaling="ntk", rope_scaling_factor=2.0), "rope_scaling=ntk"),
     "scaled_embeddings": (dict(_GPT, embed_scale=8.0), "embed_scale=8.0"),
@@ -682,8 +843,9 @@ def test_folder_without_weights(gpt2_folder):
 def test_folder_with_damaged_safetensors(gpt2_folder, damage):
     file = gpt2_folder / "model.safetensors"
     data = file.read_bytes()
-    file.write_bytes({"garbage": b"\x00not safetensors" * 64, "truncated": data[: len(data) // 2],
-                      "empty": b""}[damage])
+    file.write_bytes(
+        {"garbage": b"\x00not safetensors" * 64, "truncated": data[: len(data) // 2], "empty": b""}[damage]
+    )
     with pytest.raises(zoo.CheckpointError, match=re.escape(str(file))):
         zoo.from_hf(gpt2_folder)
 
@@ -764,8 +926,9 @@ def test_bert_with_pooler_and_mlm_head(tmp_path):
 def test_classifier_over_an_encoder_with_mlm_head(tmp_path):
     model = _native(dict(_BERT, type_vocab_size=2, pooler=True, mlm_head=True))
     head = nn.Linear(64, 3)
-    hf = _refused_or_loads_clean(lambda: zoo.hf.to_hf(model, tmp_path / "out", classifier=head), tmp_path,
-                                 "AutoModelForSequenceClassification")
+    hf = _refused_or_loads_clean(
+        lambda: zoo.hf.to_hf(model, tmp_path / "out", classifier=head), tmp_path, "AutoModelForSequenceClassification"
+    )
     if hf is not None:
         ids, mask = _right_padded()
         with torch.no_grad():

@@ -60,22 +60,28 @@ def test_an_index_naming_an_absolute_path_neither_opens_nor_quotes_it(folder, tm
     assert "do-not-show" not in str(error.value) and "root:x" not in str(error.value)
 
 
-@pytest.mark.parametrize(("field", "value", "needle"), [
-    ("layer_norm_epsilon", "1e-5", "layer_norm_epsilon=\"1e-5\" is not a number"),
-    ("n_layer", None, "n_layer=null is not an integer"),
-    ("n_head", 4.0, "n_head=4.0 is not an integer"),
-    ("tie_word_embeddings", "yes", "tie_word_embeddings=\"yes\" is not true or false"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("layer_norm_epsilon", "1e-5", 'layer_norm_epsilon="1e-5" is not a number'),
+        ("n_layer", None, "n_layer=null is not an integer"),
+        ("n_head", 4.0, "n_head=4.0 is not an integer"),
+        ("tie_word_embeddings", "yes", 'tie_word_embeddings="yes" is not true or false'),
+    ],
+)
 def test_a_config_value_of_the_wrong_type_names_its_field(folder, field, value, needle):
     path = _edit_config(folder, **{field: value})
     with pytest.raises(zoo.CheckpointError, match=re.escape(f"{path}: {needle}")):
         zoo.from_hf(folder)
 
 
-@pytest.mark.parametrize(("width", "needle"), [
-    (4096, r"has shape \(100, 64\) but config\.json's n_embd=4096 makes it \(100, 4096\)"),
-    (1 << 40, r"config\.json: its config asks for sizes no model can have"),  # too large to describe at all
-])
+@pytest.mark.parametrize(
+    ("width", "needle"),
+    [
+        (4096, r"has shape \(100, 64\) but config\.json's n_embd=4096 makes it \(100, 4096\)"),
+        (1 << 40, r"config\.json: its config asks for sizes no model can have"),  # too large to describe at all
+    ],
+)
 def test_a_config_sized_unlike_the_tensors_is_named_before_a_weight_is_read(folder, width, needle, monkeypatch):
     _edit_config(folder, n_embd=width)
     monkeypatch.setattr("safetensors.torch.load_file", None)  # reading a weight would fail otherwise

@@ -29,19 +29,36 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # minutes: python -m pytest -m heavy (CI runs them)
 VOCAB = 320
-STEPS = ["trainer.val_check_interval=2", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
-         "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "callbacks.rich_progress_bar=null",
-         "callbacks.rich_model_summary=null", "callbacks.throughput.window=2", "test=false", "model.dropout=0.0"]
-DATA = {"gpt_generator": ["data.source_args.max_files=40", "data.seq_len=32"],
-        "bert_classifier": ["data.max_records=300", "data.seq_len=48"],
-        "bert_mlm": ["data.max_records=300", "data.seq_len=48"],
-        "t5_translator": ["data.source_args.n=300", "data.seq_len=32", "task.max_new_tokens=8"]}
+STEPS = [
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+    "callbacks.throughput.window=2",
+    "test=false",
+    "model.dropout=0.0",
+]
+DATA = {
+    "gpt_generator": ["data.source_args.max_files=40", "data.seq_len=32"],
+    "bert_classifier": ["data.max_records=300", "data.seq_len=48"],
+    "bert_mlm": ["data.max_records=300", "data.seq_len=48"],
+    "t5_translator": ["data.source_args.n=300", "data.seq_len=32", "task.max_new_tokens=8"],
+}
 
 
 def run(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", f"tasks.cli.{module}", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", f"tasks.cli.{module}", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 # ---- folders -------------------------------------------------------------------------------------
@@ -49,9 +66,15 @@ def _bpe(texts: list[str]) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     return tok
 
 
@@ -61,11 +84,14 @@ def _wordpiece(texts: list[str]) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials,
-                                                             show_progress=False))
+    tok.train_from_iterator(
+        texts, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False)
+    )
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
     return tok
 
 
@@ -74,10 +100,15 @@ def _unigram(texts: list[str]) -> Tokenizer:
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"],
-                                                           unk_token="<unk>", show_progress=False))
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                       special_tokens=[("</s>", 1)])
+    tok.train_from_iterator(
+        texts,
+        trainers.UnigramTrainer(
+            vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False
+        ),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
     return tok
 
 
@@ -91,42 +122,93 @@ def _folder(path: Path, model: torch.nn.Module, tokenizer: Tokenizer, **tokens: 
 def _gpt2(path: Path) -> Path:
     tok = _bpe([r["text"] for r in stdlib_code(max_files=30)])
     eos = tok.token_to_id("<|endoftext|>")
-    config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                     bos_token_id=eos, eos_token_id=eos, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
-    return _folder(path, _seeded(transformers.GPT2LMHeadModel, config), tok, bos_token="<|endoftext|>",
-                   eos_token="<|endoftext|>")
+    config = transformers.GPT2Config(
+        vocab_size=tok.get_vocab_size(),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return _folder(
+        path, _seeded(transformers.GPT2LMHeadModel, config), tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
 
 
 def _llama(path: Path, qwen2: bool = False) -> Path:
     tok = _bpe([r["text"] for r in stdlib_code(max_files=30)])
     eos = tok.token_to_id("<|endoftext|>")
     cls = transformers.Qwen2Config if qwen2 else transformers.LlamaConfig
-    config = cls(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=eos,
-                 eos_token_id=eos, tie_word_embeddings=qwen2)
+    config = cls(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=qwen2,
+    )
     model_cls = transformers.Qwen2ForCausalLM if qwen2 else transformers.LlamaForCausalLM
     return _folder(path, _seeded(model_cls, config), tok, eos_token="<|endoftext|>")
 
 
 def _bert(path: Path) -> Path:
     tok = _wordpiece([r["text"] for r in stdlib_docstrings()][:3000])
-    config = transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                                     pad_token_id=tok.token_to_id("[PAD]"), hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
-    return _folder(path, _seeded(transformers.BertForMaskedLM, config), tok, pad_token="[PAD]", unk_token="[UNK]",
-                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    config = transformers.BertConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=tok.token_to_id("[PAD]"),
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return _folder(
+        path,
+        _seeded(transformers.BertForMaskedLM, config),
+        tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 def _t5(path: Path) -> Path:
     pairs = number_pairs(n=2000, target_lang="fr")
     tok = _unigram([t for p in pairs for t in (p["source"], p["target"])])
-    config = transformers.T5Config(vocab_size=tok.get_vocab_size(), d_model=32, d_kv=16, d_ff=64, num_layers=2,
-                                   num_heads=2, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-                                   pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, dropout_rate=0.0)
-    return _folder(path, _seeded(transformers.T5ForConditionalGeneration, config), tok, pad_token="<pad>",
-                   eos_token="</s>", unk_token="<unk>")
+    config = transformers.T5Config(
+        vocab_size=tok.get_vocab_size(),
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        dropout_rate=0.0,
+    )
+    return _folder(
+        path,
+        _seeded(transformers.T5ForConditionalGeneration, config),
+        tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
 
 
 def _seeded(cls: type, config) -> torch.nn.Module:
@@ -135,8 +217,14 @@ def _seeded(cls: type, config) -> torch.nn.Module:
 
 
 FOLDERS = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda p: _llama(p, qwen2=True), "bert": _bert, "t5": _t5}
-CASES = [("gpt_generator", "gpt2"), ("gpt_generator", "llama"), ("gpt_generator", "qwen2"), ("bert_mlm", "bert"),
-         ("bert_classifier", "bert"), ("t5_translator", "t5")]
+CASES = [
+    ("gpt_generator", "gpt2"),
+    ("gpt_generator", "llama"),
+    ("gpt_generator", "qwen2"),
+    ("bert_mlm", "bert"),
+    ("bert_classifier", "bert"),
+    ("t5_translator", "t5"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +240,17 @@ def trained(folders, tmp_path_factory) -> dict[tuple[str, str], Path]:
     runs = {}
     for experiment, family in CASES:
         run_dir = tmp_path_factory.mktemp(f"{experiment}-{family}")
-        done = run("train", f"experiment={experiment}", f"init_from={folders[family]}", *DATA[experiment], *STEPS,
-                   "trainer.max_steps=2", "optimizer.lr=1e-12", f"hydra.run.dir={run_dir}", cwd=run_dir)
+        done = run(
+            "train",
+            f"experiment={experiment}",
+            f"init_from={folders[family]}",
+            *DATA[experiment],
+            *STEPS,
+            "trainer.max_steps=2",
+            "optimizer.lr=1e-12",
+            f"hydra.run.dir={run_dir}",
+            cwd=run_dir,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"init_from {folders[family]}: the model is the folder's" in done.stdout
         runs[experiment, family] = run_dir
@@ -207,8 +304,7 @@ def test_the_first_loss_is_the_one_transformers_computes(trained, folders):
 def test_export_hf_loads_in_transformers_with_the_same_logits(trained, experiment, family, tmp_path):
     run_dir = trained[experiment, family]
     out = tmp_path / "exported"
-    done = run("export", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "format=hf", f"out={out}",
-               cwd=tmp_path)
+    done = run("export", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "format=hf", f"out={out}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same greedy tokens" in done.stdout or experiment.startswith("bert")
     task, _ = load_task(run_dir / "checkpoints" / "last.ckpt")
@@ -218,8 +314,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits(trained, experimen
     with torch.no_grad():
         ours = task.export_head(model(**{n: inputs[n] for n in type(model).input_names}), inputs["attention_mask"])
         theirs = hf(**{n: inputs[n] for n in type(model).input_names}).logits
-    keep = inputs["attention_mask"].bool() if ours.dim() == 3 and ours.shape[1] == inputs["input_ids"].shape[1] \
-        else ...
+    keep = inputs["attention_mask"].bool() if ours.dim() == 3 and ours.shape[1] == inputs["input_ids"].shape[1] else ...
     torch.testing.assert_close(ours[keep], theirs[keep], atol=1e-4, rtol=1e-4)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     text = "def add(a, b): return a + b" if experiment == "gpt_generator" else "forty-two"
@@ -230,8 +325,17 @@ def test_export_hf_loads_in_transformers_with_the_same_logits(trained, experimen
 
 
 def test_a_conflicting_model_override_is_refused_in_one_line(folders, tmp_path):
-    done = run("train", "experiment=gpt_generator", f"init_from={folders['gpt2']}", "model.d_model=64",
-               *DATA["gpt_generator"], *STEPS, "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        f"init_from={folders['gpt2']}",
+        "model.d_model=64",
+        *DATA["gpt_generator"],
+        *STEPS,
+        "trainer.max_steps=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("zoo: ")]
     assert len(errors) == 1 and "model.d_model=64" in errors[0] and "d_model=32" in errors[0], done.stderr[-2000:]
@@ -240,8 +344,17 @@ def test_a_conflicting_model_override_is_refused_in_one_line(folders, tmp_path):
 
 def test_a_harmless_override_applies(folders, tmp_path):
     run_dir = tmp_path / "run"
-    done = run("train", "experiment=gpt_generator", f"init_from={folders['gpt2']}", "model.attn_dropout=0.25",
-               *DATA["gpt_generator"], *STEPS, "trainer.max_steps=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        f"init_from={folders['gpt2']}",
+        "model.attn_dropout=0.25",
+        *DATA["gpt_generator"],
+        *STEPS,
+        "trainer.max_steps=1",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     task, _ = load_task(run_dir / "checkpoints" / "last.ckpt")
     assert task.model.config.attn_dropout == 0.25 and task.model.config.d_model == 32
@@ -249,8 +362,17 @@ def test_a_harmless_override_applies(folders, tmp_path):
 
 @pytest.mark.parametrize(("override", "needle"), [("model.position=alibi", "position=alibi")])
 def test_export_check_hf_stops_before_training(override, needle, tmp_path):
-    done = run("train", "experiment=gpt_generator", override, "export_check=hf", *DATA["gpt_generator"], *STEPS,
-               "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        override,
+        "export_check=hf",
+        *DATA["gpt_generator"],
+        *STEPS,
+        "trainer.max_steps=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("zoo: ")]
     assert len(errors) == 1 and needle in errors[0] and "format=onnx" in errors[0], done.stderr[-2000:]
@@ -259,13 +381,22 @@ def test_export_check_hf_stops_before_training(override, needle, tmp_path):
 
 def test_export_hf_of_an_alibi_run_is_refused_and_writes_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    done = run("train", "experiment=gpt_generator", "model.position=alibi", *DATA["gpt_generator"], *STEPS,
-               "data.vocab_size=300", "model.d_model=32", "model.n_heads=2", "trainer.max_steps=1",
-               f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    done = run(
+        "train",
+        "experiment=gpt_generator",
+        "model.position=alibi",
+        *DATA["gpt_generator"],
+        *STEPS,
+        "data.vocab_size=300",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "trainer.max_steps=1",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "exported"
-    done = run("export", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "format=hf", f"out={out}",
-               cwd=tmp_path)
+    done = run("export", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "format=hf", f"out={out}", cwd=tmp_path)
     assert done.returncode == 2 and "position=alibi" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
@@ -284,12 +415,19 @@ def test_a_run_started_from_a_folder_resumes_as_the_same_run(trained, tmp_path):
 
 def test_a_sentence_transformers_folder_reads_as_its_bert(tmp_path):
     """sentence-transformers keeps the BertModel at the folder's root beside its own files."""
-    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64)
+    config = transformers.BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     bert = _seeded(transformers.BertModel, config)
     bert.save_pretrained(tmp_path)
-    (tmp_path / "modules.json").write_text('[{"idx": 0, "name": "0", "path": "", "type": '
-                                           '"sentence_transformers.models.Transformer"}]')
+    (tmp_path / "modules.json").write_text(
+        '[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]'
+    )
     (tmp_path / "1_Pooling").mkdir()
     pooling = '{"word_embedding_dimension": 32, "pooling_mode_mean_tokens": true}'
     (tmp_path / "1_Pooling" / "config.json").write_text(pooling)

@@ -21,12 +21,40 @@ from tasks.data.modules import IGNORE
 from tasks.data.tokenizers import ROLES, Specials, read_hf_tokenizer
 from tasks.errors import DataError
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "cat", "sat", "on", "mat", "red", "blue",
-         "green", "tree", "house", "runs", "far"]
-LINES = [" ".join(WORDS[(i * k + k) % len(WORDS)] for k in range(1, 4 + i % 6)) + f" {WORDS[i % 7]}"
-         for i in range(60)]
-BERT_ORDER = [*sorted(WORDS)[:5], "[PAD]", *sorted(WORDS)[5:9], "[UNK]", "[CLS]", "[SEP]", *sorted(WORDS)[9:13],
-              "[MASK]", *sorted(WORDS)[13:]]  # BERT's special tokens at non-zero ids, between ordinary ones
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "red",
+    "blue",
+    "green",
+    "tree",
+    "house",
+    "runs",
+    "far",
+]
+LINES = [" ".join(WORDS[(i * k + k) % len(WORDS)] for k in range(1, 4 + i % 6)) + f" {WORDS[i % 7]}" for i in range(60)]
+BERT_ORDER = [
+    *sorted(WORDS)[:5],
+    "[PAD]",
+    *sorted(WORDS)[5:9],
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    *sorted(WORDS)[9:13],
+    "[MASK]",
+    *sorted(WORDS)[13:],
+]  # BERT's special tokens at non-zero ids, between ordinary ones
 ADDED_TOKEN = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
 
 
@@ -45,8 +73,9 @@ def _bert() -> Tokenizer:
     tok.decoder = decoders.WordPiece()
     tok.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     cls, sep = BERT_ORDER.index("[CLS]"), BERT_ORDER.index("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     return tok
 
 
@@ -55,8 +84,10 @@ def _gpt2() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.train_from_iterator(LINES, trainers.BpeTrainer(vocab_size=300, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        LINES,
+        trainers.BpeTrainer(vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
     tok.add_special_tokens(["<|endoftext|>"])  # after the merges, as GPT-2's 50256
     return tok
 
@@ -66,10 +97,15 @@ def _t5() -> Tokenizer:
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(LINES, trainers.UnigramTrainer(vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"],
-                                                           unk_token="<unk>", show_progress=False))
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                       special_tokens=[("</s>", 1)])
+    tok.train_from_iterator(
+        LINES,
+        trainers.UnigramTrainer(
+            vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False
+        ),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
     return tok
 
 
@@ -80,17 +116,32 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     T5 tokenizer whose model starts decoding from eos."""
     root = tmp_path_factory.mktemp("hf")
     return {
-        "bert": _write(root / "bert", _bert(),
-                       tokenizer_config={"pad_token": "[PAD]", "unk_token": "[UNK]", "sep_token": "[SEP]"},
-                       special_tokens_map={"cls_token": "[CLS]", "mask_token": "[MASK]"}),
-        "gpt2": _write(root / "gpt2", _gpt2(), tokenizer_config={
-            "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}),
-        "t5": _write(root / "t5", _t5(),
-                     tokenizer_config={f"{role}_token": {"content": token, **ADDED_TOKEN, "__type": "AddedToken"}
-                                       for role, token in (("pad", "<pad>"), ("eos", "</s>"), ("unk", "<unk>"))},
-                     config={"pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}),
-        "bart_start": _write(root / "bart_start", _t5(), tokenizer_config={"pad_token": "<pad>", "eos_token": "</s>"},
-                             config={"decoder_start_token_id": 1}),  # BART starts decoding from eos, not pad
+        "bert": _write(
+            root / "bert",
+            _bert(),
+            tokenizer_config={"pad_token": "[PAD]", "unk_token": "[UNK]", "sep_token": "[SEP]"},
+            special_tokens_map={"cls_token": "[CLS]", "mask_token": "[MASK]"},
+        ),
+        "gpt2": _write(
+            root / "gpt2",
+            _gpt2(),
+            tokenizer_config={"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+        ),
+        "t5": _write(
+            root / "t5",
+            _t5(),
+            tokenizer_config={
+                f"{role}_token": {"content": token, **ADDED_TOKEN, "__type": "AddedToken"}
+                for role, token in (("pad", "<pad>"), ("eos", "</s>"), ("unk", "<unk>"))
+            },
+            config={"pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0},
+        ),
+        "bart_start": _write(
+            root / "bart_start",
+            _t5(),
+            tokenizer_config={"pad_token": "<pad>", "eos_token": "</s>"},
+            config={"decoder_start_token_id": 1},
+        ),  # BART starts decoding from eos, not pad
     }
 
 
@@ -100,8 +151,16 @@ def _expected(name: str, tok: Tokenizer) -> dict[str, int | None]:
         return {**ids, "bos": None, "eos": None, "decoder_start": ids["pad"]}
     if name == "gpt2":
         eot = tok.get_vocab_size() - 1
-        return {"pad": None, "unk": eot, "bos": eot, "eos": eot, "mask": None, "cls": None, "sep": None,
-                "decoder_start": None}
+        return {
+            "pad": None,
+            "unk": eot,
+            "bos": eot,
+            "eos": eot,
+            "mask": None,
+            "cls": None,
+            "sep": None,
+            "decoder_start": None,
+        }
     return {"pad": 0, "eos": 1, "unk": 2, "bos": None, "mask": None, "cls": None, "sep": None, "decoder_start": 0}
 
 
@@ -119,27 +178,40 @@ def test_config_json_ids_win_and_every_id_of_an_eos_list_is_special(folders, tmp
     shutil.copytree(folders["t5"], folder)
     tok, _ = read_hf_tokenizer(folder)
     word = tok.encode("the", add_special_tokens=False).ids[0]
-    (folder / "config.json").write_text(json.dumps({"eos_token_id": [word, 1], "decoder_start_token_id": 2,
-                                                    "pad_token_id": None}))
+    (folder / "config.json").write_text(
+        json.dumps({"eos_token_id": [word, 1], "decoder_start_token_id": 2, "pad_token_id": None})
+    )
     _, specials = read_hf_tokenizer(folder)
     assert (specials.eos, specials.decoder_start, specials.pad) == (word, 2, 0)
     assert {word, 1, 2, 0} <= specials.ids
 
 
-@pytest.mark.parametrize("name, tokens", [
-    ("bert", {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-              "mask_token": "[MASK]"}),
-    ("gpt2", {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}),
-    ("t5", {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}),
-])
+@pytest.mark.parametrize(
+    "name, tokens",
+    [
+        (
+            "bert",
+            {
+                "pad_token": "[PAD]",
+                "unk_token": "[UNK]",
+                "cls_token": "[CLS]",
+                "sep_token": "[SEP]",
+                "mask_token": "[MASK]",
+            },
+        ),
+        ("gpt2", {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}),
+        ("t5", {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}),
+    ],
+)
 def test_a_folder_transformers_saved_reads_with_the_ids_transformers_reports(name, tokens, tmp_path):
     transformers = pytest.importorskip("transformers")
     built = {"bert": _bert, "gpt2": _gpt2, "t5": _t5}[name]()
     transformers.PreTrainedTokenizerFast(tokenizer_object=built, **tokens).save_pretrained(tmp_path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     tok, specials = read_hf_tokenizer(tmp_path)
-    assert {role: getattr(specials, role) for role in ROLES} == {role: getattr(theirs, f"{role}_token_id")
-                                                                  for role in ROLES}
+    assert {role: getattr(specials, role) for role in ROLES} == {
+        role: getattr(theirs, f"{role}_token_id") for role in ROLES
+    }
     assert tok.encode(LINES[3]).ids == theirs(LINES[3])["input_ids"]
 
 
@@ -177,8 +249,10 @@ def test_a_folder_without_a_readable_tokenizer_json_is_refused_by_name(folders, 
     assert str(tmp_path / "model") in message and "mask_token='<mask>'" in message
 
 
-@pytest.mark.parametrize("module, name, role", [(MLMDataModule, "t5", "mask"), (TranslationDataModule, "bert", "eos"),
-                                                (LMDataModule, "bert", "eos")])
+@pytest.mark.parametrize(
+    "module, name, role",
+    [(MLMDataModule, "t5", "mask"), (TranslationDataModule, "bert", "eos"), (LMDataModule, "bert", "eos")],
+)
 def test_a_tokenizer_without_a_token_the_task_needs_is_refused_by_folder(folders, module, name, role):
     dm = module(source="local", source_args={"path": "unused"})
     message = _one_line_error(dm.use_tokenizer, *read_hf_tokenizer(folders[name]))
@@ -193,8 +267,9 @@ def test_a_foreign_tokenizer_set_without_its_specials_is_refused(folders, tmp_pa
 
 
 def _data_module(module, folder: Path, path: Path, **kwargs):
-    dm = module(source="local", source_args={"path": str(path)}, batch_size=8, val_fraction=0.25, test_fraction=0.0,
-                **kwargs)
+    dm = module(
+        source="local", source_args={"path": str(path)}, batch_size=8, val_fraction=0.25, test_fraction=0.0, **kwargs
+    )
     dm.use_tokenizer(*read_hf_tokenizer(folder))
     dm.setup("fit")
     return dm
@@ -210,14 +285,18 @@ def test_lm_blocks_hold_documents_separated_by_one_eos(folders, tmp_path, name):
     pieces = " ".join(map(str, stream)).split(f" {eos} ")  # the stream starts at a document; the last is cut
     assert len(pieces) > 10
     assert all(tuple(map(int, piece.split())) in documents for piece in pieces[:-1])
-    assert dm.model_sizes() == {"vocab_size": dm.tokenizer.get_vocab_size(), "pad_token_id": dm.specials.pad,
-                                "eos_token_id": eos}
+    assert dm.model_sizes() == {
+        "vocab_size": dm.tokenizer.get_vocab_size(),
+        "pad_token_id": dm.specials.pad,
+        "eos_token_id": eos,
+    }
     assert dm.specials.pad == (eos if name == "gpt2" else 0)
 
 
 def _classified(folders, tmp_path, name: str, seq_len: int) -> tuple[list[list[int]], dict]:
-    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps({"text": line, "label": str(i % 3)})
-                                                   for i, line in enumerate(LINES)))
+    (tmp_path / "rows.jsonl").write_text(
+        "\n".join(json.dumps({"text": line, "label": str(i % 3)}) for i, line in enumerate(LINES))
+    )
     dm = _data_module(ClassificationDataModule, folders[name], tmp_path / "rows.jsonl", seq_len=seq_len)
     items = [ids for ids, _ in dm.datasets["train"].items[:16]]
     return items, dm.collate([(ids, 0) for ids in items]) | {"specials": dm.specials}
@@ -252,8 +331,9 @@ def test_mlm_masks_only_ordinary_tokens_with_the_tokenizers_mask_id(folders, tmp
     (tmp_path / "lines.txt").write_text("\n".join(LINES))
     dm = _data_module(MLMDataModule, folders["bert"], tmp_path / "lines.txt", seq_len=32, mask_prob=0.5)
     specials, items = dm.specials, dm.datasets["train"].items[:16]
-    assert all(ids[0] == specials.cls and ids[1:].count(specials.cls) == 0 and ids.count(specials.sep) == 1
-               for ids in items)
+    assert all(
+        ids[0] == specials.cls and ids[1:].count(specials.cls) == 0 and ids.count(specials.sep) == 1 for ids in items
+    )
     original = dm.pad(items)["input_ids"]
     special = torch.isin(original, torch.tensor(sorted(specials.ids)))
     swapped = masked = 0
@@ -271,10 +351,12 @@ def test_mlm_masks_only_ordinary_tokens_with_the_tokenizers_mask_id(folders, tmp
 
 
 @pytest.mark.parametrize("name, start", [("t5", 0), ("gpt2", "eos"), ("bart_start", 1)])
-def test_translation_ends_each_side_with_one_eos_and_starts_the_decoder_with_decoder_start(folders, tmp_path, name,
-                                                                                           start):
-    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps({"source": line, "target": " ".join(line.split()[::-1])})
-                                                    for line in LINES))
+def test_translation_ends_each_side_with_one_eos_and_starts_the_decoder_with_decoder_start(
+    folders, tmp_path, name, start
+):
+    (tmp_path / "pairs.jsonl").write_text(
+        "\n".join(json.dumps({"source": line, "target": " ".join(line.split()[::-1])}) for line in LINES)
+    )
     dm = _data_module(TranslationDataModule, folders[name], tmp_path / "pairs.jsonl", seq_len=32)
     specials = dm.specials
     assert specials.decoder_start == (specials.eos if start == "eos" else start) and specials.pad is not None

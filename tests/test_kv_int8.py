@@ -35,8 +35,9 @@ def test_int8_cached_decoding_equals_recompute_through_an_int8_cache(arch, posit
     new = ids
     with torch.no_grad():
         for _ in range(8):
-            hidden = (model.features(new, cache=cache) if src is None
-                      else model.decoder_features(new, memory, cache=cache))
+            hidden = (
+                model.features(new, cache=cache) if src is None else model.decoder_features(new, memory, cache=cache)
+            )
             logits = model.logits(hidden)[:, -1]
             assert_rounding_close(logits, _recomputed(model, ids, src), model)
             new = logits.argmax(-1, keepdim=True)
@@ -65,8 +66,9 @@ def test_int8_static_cache_equals_the_growing_int8_cache(monkeypatch):
     model = tiny_model(position="alibi")
     model.kv_dtype = "int8"
     prompts = [[5, 17, 3, 40, 22], [8, 2, 60]]
-    assert torch.equal(model.generate(prompts, 10, compile=True, eos_token_id=None),
-                       model.generate(prompts, 10, eos_token_id=None))
+    assert torch.equal(
+        model.generate(prompts, 10, compile=True, eos_token_id=None), model.generate(prompts, 10, eos_token_id=None)
+    )
 
 
 @pytest.mark.parametrize("position", POSITIONS)

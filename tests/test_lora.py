@@ -62,14 +62,17 @@ def test_a_training_step_changes_only_adapter_parameters():
     assert changed and all(".lora_B." in n for n in changed)  # A's gradient is zero while B is zero
 
 
-@pytest.mark.parametrize("arch, ffn, targets", [
-    ("encoder", "gelu", ("q", "k", "v", "out")),
-    ("encoder", "swiglu", ("ffn",)),
-    ("decoder", "swiglu", ("q", "k", "v", "out", "ffn")),
-    ("decoder", "gelu", ("ffn", r"decoder\.blocks\.1\.attn\.qkv")),
-    ("encoder_decoder", "gelu", ("q", "v", "cross")),
-    ("encoder_decoder", "swiglu", (r"encoder\..*\.ffn\.fc\.up", r".*cross_attn\.kv\.k")),
-])
+@pytest.mark.parametrize(
+    "arch, ffn, targets",
+    [
+        ("encoder", "gelu", ("q", "k", "v", "out")),
+        ("encoder", "swiglu", ("ffn",)),
+        ("decoder", "swiglu", ("q", "k", "v", "out", "ffn")),
+        ("decoder", "gelu", ("ffn", r"decoder\.blocks\.1\.attn\.qkv")),
+        ("encoder_decoder", "gelu", ("q", "v", "cross")),
+        ("encoder_decoder", "swiglu", (r"encoder\..*\.ffn\.fc\.up", r".*cross_attn\.kv\.k")),
+    ],
+)
 def test_merge_equals_the_adapted_model(arch, ffn, targets):
     base = tiny_model(arch=arch, ffn=ffn, **GQA)
     model = adapters.apply(copy.deepcopy(base), rank=4, alpha=8, targets=targets)
@@ -84,8 +87,9 @@ def test_merge_equals_the_adapted_model(arch, ffn, targets):
     assert_rounding_close(_outputs(model), adapted, model)
 
 
-@pytest.mark.parametrize("targets, rows", [(("q",), range(0, 32)), (("v",), range(48, 64)),
-                                           (("k", "v"), range(32, 64))])
+@pytest.mark.parametrize(
+    "targets, rows", [(("q",), range(0, 32)), (("v",), range(48, 64)), (("k", "v"), range(32, 64))]
+)
 def test_a_fused_qkv_adapter_changes_only_its_rows(targets, rows):
     base = tiny_model(**GQA)
     model = adapters.apply(copy.deepcopy(base), rank=3, targets=targets)
@@ -112,8 +116,11 @@ def test_trainable_count_is_one_adapter_per_chosen_projection():
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
 def test_cached_generation_with_adapters_equals_the_merged_model(arch):
-    model = adapters.apply(tiny_model(arch=arch, **GQA), rank=4, targets=("q", "k", "v", "out", "ffn")
-                           + (("cross",) if arch == "encoder_decoder" else ()))
+    model = adapters.apply(
+        tiny_model(arch=arch, **GQA),
+        rank=4,
+        targets=("q", "k", "v", "out", "ffn") + (("cross",) if arch == "encoder_decoder" else ()),
+    )
     _perturb(model)
     prompt = torch.randint(5, 61, (2, 5))
     adapted = model.generate(prompt, max_new_tokens=10, eos_token_id=None)
@@ -170,12 +177,15 @@ def test_dropout_acts_on_the_adapter_input_only():
     assert torch.equal(_outputs(model), _outputs(model))
 
 
-@pytest.mark.parametrize("targets, message", [
-    (("qq",), r"'qq' selects no layer.*valid names: q, k, v, out, ffn, cross.*Did you mean 'q'"),
-    (("cross",), r"'cross' selects no layer of this DecoderModel"),
-    (("(",), r"'\(' is neither a target name \(q, k, v, out, ffn, cross\) nor a valid regex"),
-    ((), r"targets is empty"),
-])
+@pytest.mark.parametrize(
+    "targets, message",
+    [
+        (("qq",), r"'qq' selects no layer.*valid names: q, k, v, out, ffn, cross.*Did you mean 'q'"),
+        (("cross",), r"'cross' selects no layer of this DecoderModel"),
+        (("(",), r"'\(' is neither a target name \(q, k, v, out, ffn, cross\) nor a valid regex"),
+        ((), r"targets is empty"),
+    ],
+)
 def test_bad_targets_are_config_errors_naming_the_valid_ones(targets, message):
     model = tiny_model()
     with pytest.raises(zoo.ConfigError, match=message):
@@ -183,14 +193,17 @@ def test_bad_targets_are_config_errors_naming_the_valid_ones(targets, message):
     assert not adapters.adapted_layers(model) and all(p.requires_grad for p in model.parameters())
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(rank=0), r"rank=0: a LoRA rank must be a positive integer"),
-    (dict(rank=-2), r"rank=-2"),
-    (dict(rank=2.5), r"rank=2.5"),
-    (dict(alpha=0), r"alpha=0"),
-    (dict(dropout=1.0), r"dropout=1.0"),
-    (dict(name="lorax"), r"adapter='lorax' is not a registered adapter; valid names: lora, none"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(rank=0), r"rank=0: a LoRA rank must be a positive integer"),
+        (dict(rank=-2), r"rank=-2"),
+        (dict(rank=2.5), r"rank=2.5"),
+        (dict(alpha=0), r"alpha=0"),
+        (dict(dropout=1.0), r"dropout=1.0"),
+        (dict(name="lorax"), r"adapter='lorax' is not a registered adapter; valid names: lora, none"),
+    ],
+)
 def test_bad_settings_are_refused(settings, message):
     with pytest.raises(zoo.ConfigError, match=message):
         adapters.apply(tiny_model(), **settings)

@@ -92,30 +92,53 @@ def test_a_missing_base_is_refused_in_one_line(runs, base, tmp_path):
 
 
 def test_adapter_only_without_init_from_is_refused_before_anything_is_written(runs, tmp_path):
-    with pytest.raises(zoo.ConfigError, match=r"adapter.save=only .* no init_from: its base would be lost; set "
-                                              r"init_from=.*, or adapter.save=full"):
+    with pytest.raises(
+        zoo.ConfigError,
+        match=r"adapter.save=only .* no init_from: its base would be lost; set "
+        r"init_from=.*, or adapter.save=full",
+    ):
         train(compose_train("gpt_generator", tmp_path / "fresh", *LORA, "adapter.save=only", "test=false"))
     assert not (tmp_path / "fresh").exists()
     # a whole checkpoint resumed adapter-only names no base either
     with pytest.raises(zoo.ConfigError, match="holds the whole model and names no base"):
-        train(compose_train("gpt_generator", tmp_path / "resumed", *LORA, "adapter.save=only", "test=false",
-                            f"ckpt_path={runs['full']}"))
+        train(
+            compose_train(
+                "gpt_generator",
+                tmp_path / "resumed",
+                *LORA,
+                "adapter.save=only",
+                "test=false",
+                f"ckpt_path={runs['full']}",
+            )
+        )
     assert not (tmp_path / "resumed").exists()
 
 
 def test_a_killed_adapter_only_run_resumes_bit_for_bit(base, tmp_path):
     """As tests/test_resume.py, with checkpoints that hold only the adapter; the resume from
     on_exception.ckpt gives no init_from (as ``resume=`` does): the checkpoint names its base."""
-    run = [*LORA, "adapter.save=only", "adapter.dropout=0.1", f"init_from={base}", "trainer.max_steps=10",
-           "++trainer.limit_train_batches=4"]
+    run = [
+        *LORA,
+        "adapter.save=only",
+        "adapter.dropout=0.1",
+        f"init_from={base}",
+        "trainer.max_steps=10",
+        "++trainer.limit_train_batches=4",
+    ]
     whole = _losses("gpt_generator", tmp_path / "whole", *run)
     _crash("gpt_generator", tmp_path / "killed", 8, tmp_path / "whole", *run)
     for name, extra in (("last", []), ("on_exception", ["init_from=null"])):
         checkpoint = tmp_path / "killed" / "checkpoints" / f"{name}.ckpt"
         state = torch.load(checkpoint, weights_only=True)
         assert BASE_KEY in state and all(zoo.adapters.is_adapter_tensor(k) for k in state["state_dict"])
-        resumed = _losses("gpt_generator", tmp_path / f"from_{name}", *run, f"ckpt_path={checkpoint}",
-                          "trainer.num_sanity_val_steps=1", *extra)
+        resumed = _losses(
+            "gpt_generator",
+            tmp_path / f"from_{name}",
+            *run,
+            f"ckpt_path={checkpoint}",
+            "trainer.num_sanity_val_steps=1",
+            *extra,
+        )
         assert resumed == {s: whole[s] for s in range(state["global_step"] + 1, 11)}, name
         assert BASE_KEY in torch.load(tmp_path / f"from_{name}" / "checkpoints" / "last.ckpt", weights_only=True)
 
@@ -125,8 +148,11 @@ def test_an_hf_folder_is_a_base_too(tmp_path):
     from test_hf_pretrained import _gpt2
 
     folder = _gpt2(tmp_path / "gpt2")
-    train(compose_train("gpt_generator", tmp_path / "run", *LORA, f"init_from={folder}", "adapter.save=only",
-                        "test=false"))
+    train(
+        compose_train(
+            "gpt_generator", tmp_path / "run", *LORA, f"init_from={folder}", "adapter.save=only", "test=false"
+        )
+    )
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     reference = torch.load(ckpt, weights_only=True)[BASE_KEY]
     assert reference["format"] == "hf" and reference["source"] == str(folder.resolve())

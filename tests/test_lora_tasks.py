@@ -25,8 +25,17 @@ def base(gpt_base):
 @pytest.fixture(scope="module")
 def lora(base, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("lora")
-    train(compose_train("gpt_generator", run_dir, "test=false", "adapter=lora", "adapter.rank=4",
-                        f"init_from={base}", "optimizer.lr=0.01"))
+    train(
+        compose_train(
+            "gpt_generator",
+            run_dir,
+            "test=false",
+            "adapter=lora",
+            "adapter.rank=4",
+            f"init_from={base}",
+            "optimizer.lr=0.01",
+        )
+    )
     return run_dir / "checkpoints" / "last.ckpt"
 
 

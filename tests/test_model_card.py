@@ -27,9 +27,23 @@ def trained(tmp_path_factory) -> tuple[ZooTask, dict]:
     """A tiny generator trained by the real zoo-train command, and its checkpoint."""
     tmp = tmp_path_factory.mktemp("card")
     env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run([sys.executable, "-m", "tasks.cli.train", "experiment=gpt_generator",
-                             *TINY["gpt_generator"], *STEPS, "test=false", f"hydra.run.dir={tmp / 'run'}"],
-                            cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.cli.train",
+            "experiment=gpt_generator",
+            *TINY["gpt_generator"],
+            *STEPS,
+            "test=false",
+            f"hydra.run.dir={tmp / 'run'}",
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     path = tmp / "run" / "checkpoints" / "last.ckpt"
     task, _ = load_task(path)
@@ -114,8 +128,12 @@ def test_bad_arguments_are_refused(trained):
 def test_classifier_card_names_labels_and_head(trained):
     _, checkpoint = trained
     cfg = zoo.get_config("bert-tiny", vocab_size=300, d_model=32, n_heads=2, pooler=True)
-    task = ClassifierTask(model=cfg.to_dict(), optimizer={"lr": 1e-3, "weight_decay": 0.0},
-                          label_names=["neg", "pos"], tokenizer_json=checkpoint["tokenizer_json"])
+    task = ClassifierTask(
+        model=cfg.to_dict(),
+        optimizer={"lr": 1e-3, "weight_decay": 0.0},
+        label_names=["neg", "pos"],
+        tokenizer_json=checkpoint["tokenizer_json"],
+    )
     card = card_of(task, checkpoint, "hf", hf_class="BertForSequenceClassification")
     assert "## Labels\n\n- 0: `neg`\n- 1: `pos`" in card
     assert "AutoModelForSequenceClassification" in card and "(encoder)" in card

@@ -18,9 +18,18 @@ COMBINATIONS = list(itertools.product(C["arch"], C["position"], C["norm"], C["no
 
 @pytest.mark.parametrize("arch,position,norm,placement,ffn", COMBINATIONS)
 def test_every_component_combination_builds_runs_and_backpropagates(arch, position, norm, placement, ffn):
-    model = zoo.build_model(tiny_config(arch=arch, position=position, norm=norm, norm_placement=placement,
-                                        ffn=ffn, dropout=0.1, type_vocab_size=2 if arch == "encoder" else 0),
-                            seed=0).train()
+    model = zoo.build_model(
+        tiny_config(
+            arch=arch,
+            position=position,
+            norm=norm,
+            norm_placement=placement,
+            ffn=ffn,
+            dropout=0.1,
+            type_vocab_size=2 if arch == "encoder" else 0,
+        ),
+        seed=0,
+    ).train()
     x = torch.randint(0, 61, (2, 7))
     mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
     if arch == "encoder":
@@ -45,7 +54,8 @@ def test_each_form_declares_what_its_model_does(arch):
     model = zoo.build_model(cfg, seed=0).eval()
     assert type(model) is form is zoo.registry.ARCH.get(arch)
     assert cfg.resolved_mask == form.natural_mask and type(model.stacks()[0].mask) is zoo.registry.MASK.get(
-        form.natural_mask)
+        form.natural_mask
+    )
     inputs = form.example_inputs(cfg, batch=3, length=8)
     assert list(inputs) == list(form.input_names) and all(t.shape[0] == 3 for t in inputs.values())
     assert inputs["attention_mask"][0].tolist() == [1] * 4 + [0] * 4  # padding is exercised
@@ -186,8 +196,9 @@ def test_encoder_decoder_layer_counts():
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder_decoder"])
 def test_embed_scale_equals_scaling_the_embedding_table(arch):
-    cfg = zoo.ModelConfig(arch=arch, vocab_size=50, d_model=16, n_layers=1, n_heads=2, position="sinusoidal",
-                          tie_embeddings=False)
+    cfg = zoo.ModelConfig(
+        arch=arch, vocab_size=50, d_model=16, n_layers=1, n_heads=2, position="sinusoidal", tie_embeddings=False
+    )
     scaled = zoo.build_model(cfg.replace(embed_scale=4.0), seed=0).eval()
     plain = zoo.build_model(cfg, seed=0).eval()
     with torch.no_grad():

@@ -28,8 +28,17 @@ POSITIONS = ["learned", "rope", "alibi", "sinusoidal", "t5_relative"]
 
 
 def _model(position: str, mask: str = "document", attention: str = "sdpa") -> zoo.ZooModel:
-    cfg = zoo.ModelConfig(arch="decoder", vocab_size=64, d_model=32, n_heads=2, n_layers=2, max_seq_len=32,
-                          position=position, mask=mask, attention=attention)
+    cfg = zoo.ModelConfig(
+        arch="decoder",
+        vocab_size=64,
+        d_model=32,
+        n_heads=2,
+        n_layers=2,
+        max_seq_len=32,
+        position=position,
+        mask=mask,
+        attention=attention,
+    )
     return zoo.build_model(cfg, seed=0).eval()
 
 
@@ -110,8 +119,16 @@ def test_other_masks_refuse_document_ids():
 def _data(tmp_path: Path, **kwargs) -> LMDataModule:
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "corpus.txt").write_text("\n".join(TEXTS * 3))
-    dm = LMDataModule(source="local", source_args={"path": str(tmp_path)}, vocab_size=300, seq_len=16, batch_size=4,
-                      val_fraction=0.2, test_fraction=0.0, **kwargs)
+    dm = LMDataModule(
+        source="local",
+        source_args={"path": str(tmp_path)},
+        vocab_size=300,
+        seq_len=16,
+        batch_size=4,
+        val_fraction=0.2,
+        test_fraction=0.0,
+        **kwargs,
+    )
     dm.setup("fit")
     return dm
 
@@ -151,8 +168,9 @@ def test_a_packed_batch_through_the_document_model_matches_its_documents_alone(t
     dm = _data(tmp_path, packing="documents")
     batch = next(iter(dm.train_dataloader()))
     model = _model("learned")
-    model = zoo.build_model(zoo.ModelConfig(**{**vars(model.config), "vocab_size": dm.tokenizer.get_vocab_size()}),
-                            seed=0).eval()
+    model = zoo.build_model(
+        zoo.ModelConfig(**{**vars(model.config), "vocab_size": dm.tokenizer.get_vocab_size()}), seed=0
+    ).eval()
     with torch.no_grad():
         packed = model(batch["input_ids"], document_ids=batch["document_ids"])
         for row, docs, logits in zip(batch["input_ids"], batch["document_ids"], packed, strict=True):
@@ -179,8 +197,17 @@ def test_the_generator_task_hands_document_ids_to_the_model():
 # ---- the real command -----------------------------------------------------------------------------
 def test_the_real_command_trains_with_packed_documents(tmp_path):
     out = tmp_path / "run"
-    result = run("train", "experiment=gpt_generator", "data.packing=documents", "model/mask=document",
-                 *TINY["gpt_generator"], *STEPS, f"hydra.run.dir={out}", "test=false", cwd=tmp_path)
+    result = run(
+        "train",
+        "experiment=gpt_generator",
+        "data.packing=documents",
+        "model/mask=document",
+        *TINY["gpt_generator"],
+        *STEPS,
+        f"hydra.run.dir={out}",
+        "test=false",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     with (out / "logs" / "metrics.csv").open() as f:
         losses = [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")]

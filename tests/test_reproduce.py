@@ -23,11 +23,17 @@ from article.common import Result  # noqa: E402
 
 
 # ---- helpers: properties -------------------------------------------------------------------------
-@pytest.mark.parametrize(("dtype", "n_heads", "n_kv_heads"),
-                         [(torch.float32, 4, 4), (torch.bfloat16, 4, 2), (torch.float16, 4, 1)])
+@pytest.mark.parametrize(
+    ("dtype", "n_heads", "n_kv_heads"), [(torch.float32, 4, 4), (torch.bfloat16, 4, 2), (torch.float16, 4, 1)]
+)
 def test_zoo_stats_kv_bytes_equal_a_measured_cache(dtype: torch.dtype, n_heads: int, n_kv_heads: int) -> None:
-    model = zoo.create_model("llama-tiny", seed=0, vocab_size=64, d_model=32, n_layers=3, n_heads=n_heads,
-                             n_kv_heads=n_kv_heads).to(dtype).eval()
+    model = (
+        zoo.create_model(
+            "llama-tiny", seed=0, vocab_size=64, d_model=32, n_layers=3, n_heads=n_heads, n_kv_heads=n_kv_heads
+        )
+        .to(dtype)
+        .eval()
+    )
     for seq_len in (1, 7, 40):
         used, allocated = kv_cache.measured_cache_bytes(kv_cache.fill_cache(model, seq_len, batch=2))
         assert used == zoo.stats(model.config, seq_len=seq_len, batch_size=2, dtype=dtype).kv_cache_bytes
@@ -95,8 +101,14 @@ def test_blocks_cut_from_the_longest_are_what_the_data_module_cuts_at_each_lengt
     from tasks.data import LMDataModule
 
     def test_split(seq_len: int, tokenizer: object = None) -> LMDataModule:  # experiment 1's quick-mode data
-        dm = LMDataModule(source="stdlib_code", source_args={"max_files": 40}, vocab_size=512, seq_len=seq_len,
-                          val_fraction=0.02, test_fraction=0.02)
+        dm = LMDataModule(
+            source="stdlib_code",
+            source_args={"max_files": 40},
+            vocab_size=512,
+            seq_len=seq_len,
+            val_fraction=0.02,
+            test_fraction=0.02,
+        )
         dm.tokenizer = tokenizer
         dm.setup("test")
         return dm
@@ -118,8 +130,10 @@ def test_blocks_cut_from_the_longest_are_what_the_data_module_cuts_at_each_lengt
 # ---- the page ------------------------------------------------------------------------------------
 def test_page_lists_every_experiment_with_the_tables_its_module_adds(tmp_path: Path) -> None:
     result = Result(9, "A title", "a claim", "a setup", ["a", "b"], [[1, 2]], "9.png", "seen", "partial", 1.5)
-    results = {"experiments": {"9": result.to_dict()},
-               "meta": {"command": "run.py", "date": "today", "machine": "m", "threads": 1, "total_seconds": 60.0}}
+    results = {
+        "experiments": {"9": result.to_dict()},
+        "meta": {"command": "run.py", "date": "today", "machine": "m", "threads": 1, "total_seconds": 60.0},
+    }
     text = page.write_page(tmp_path, results).read_text()
     assert "## 9. A title" in text and "| 1 | 2 |" in text and "![A title](9.png)" in text
     assert "**Agrees with the article:** partial" in text
@@ -145,8 +159,13 @@ def test_the_committed_records_render_as_the_committed_page(tmp_path: Path) -> N
 
 
 def test_the_script_runs_from_another_directory(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "article" / "run.py"), "--help"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "article" / "run.py"), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "--quick" in done.stdout and "--only" in done.stdout
 

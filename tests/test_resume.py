@@ -25,8 +25,10 @@ LENGTHS = [(i * 37) % 101 + 1 for i in range(203)]  # 203: no world size below d
 
 
 def _samplers(world: int = 1, rank: int = 0, seed: int = 3) -> list:
-    return [ShuffledBatchSampler(len(LENGTHS), 8, seed=seed, world=world, rank=rank),
-            BucketBatchSampler(LENGTHS, 8, shuffle=True, seed=seed, window=4, world=world, rank=rank)]
+    return [
+        ShuffledBatchSampler(len(LENGTHS), 8, seed=seed, world=world, rank=rank),
+        BucketBatchSampler(LENGTHS, 8, shuffle=True, seed=seed, window=4, world=world, rank=rank),
+    ]
 
 
 def _epoch(sampler, epoch: int) -> list[list[int]]:
@@ -78,8 +80,9 @@ def _loader(num_workers: int = 0) -> ResumableLoader:
     def draw(batch: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return {"x": batch, "noise": torch.rand(batch.shape[0], generator=generator)}
 
-    return ResumableLoader(dataset, ShuffledBatchSampler(64, 4, seed=7), collate_fn=torch.stack,
-                           num_workers=num_workers, seed=7, draw=draw)
+    return ResumableLoader(
+        dataset, ShuffledBatchSampler(64, 4, seed=7), collate_fn=torch.stack, num_workers=num_workers, seed=7, draw=draw
+    )
 
 
 def _take(loader: ResumableLoader, epoch: int, n: int | None = None) -> list[dict[str, torch.Tensor]]:
@@ -120,8 +123,15 @@ def test_overfitting_repeats_the_first_epoch(tmp_path):
     from tasks.data import LMDataModule
 
     (tmp_path / "corpus.txt").write_text("\n".join(f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(300)))
-    dm = LMDataModule(source="local", source_args={"path": str(tmp_path)}, vocab_size=300, seq_len=16, batch_size=4,
-                      val_fraction=0.2, test_fraction=0.0)
+    dm = LMDataModule(
+        source="local",
+        source_args={"path": str(tmp_path)},
+        vocab_size=300,
+        seq_len=16,
+        batch_size=4,
+        val_fraction=0.2,
+        test_fraction=0.0,
+    )
     dm.setup("fit")
     dm.trainer = type("Trainer", (), {"overfit_batches": 4})()  # what Lightning attaches
     loader = dm.train_dataloader()
@@ -134,8 +144,13 @@ def test_overfitting_repeats_the_first_epoch(tmp_path):
 def test_mlm_training_masks_follow_the_batch_position_not_the_global_rng():
     from tasks.data import MLMDataModule
 
-    dm = MLMDataModule(source="stdlib_docstrings", source_args={"packages": ["json", "email"]}, vocab_size=200,
-                       seq_len=32, batch_size=16)
+    dm = MLMDataModule(
+        source="stdlib_docstrings",
+        source_args={"packages": ["json", "email"]},
+        vocab_size=200,
+        seq_len=32,
+        batch_size=16,
+    )
     dm.setup("fit")
     torch.manual_seed(0)
     first = _take(dm.train_dataloader(), 0)
@@ -173,8 +188,9 @@ class RecordLosses(L.Callback):
     def __init__(self, path: str) -> None:
         self.path, self.losses = Path(path), {}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.losses[trainer.global_step] = float(outputs["loss"])
         self.path.write_text(json.dumps(self.losses))
 
@@ -197,8 +213,16 @@ def _losses(experiment: str, out: Path, *extra: str) -> dict[int, float]:
     record = out.parent / f"{out.name}.json"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(compose_train(experiment, out, *RESUMABLE, "++callbacks.record._target_=test_resume.RecordLosses",
-                            f"++callbacks.record.path={record}", *extra))
+        train(
+            compose_train(
+                experiment,
+                out,
+                *RESUMABLE,
+                "++callbacks.record._target_=test_resume.RecordLosses",
+                f"++callbacks.record.path={record}",
+                *extra,
+            )
+        )
     assert not [w for w in caught if "not resumable" in str(w.message)]  # Lightning's warning is gone
     return {int(k): v for k, v in json.loads(record.read_text()).items()}
 
@@ -206,9 +230,17 @@ def _losses(experiment: str, out: Path, *extra: str) -> dict[int, float]:
 def _crash(experiment: str, out: Path, step: int, like: Path, *extra: str) -> None:
     """A run like ``like`` (with its tokenizer: WordPiece training is not deterministic), killed in ``step``."""
     with pytest.raises(RuntimeError, match=f"killed in step {step}"):
-        train(compose_train(experiment, out, *RESUMABLE, "++callbacks.crash._target_=test_resume.CrashAt",
-                            f"++callbacks.crash.step={step}", f"data.tokenizer_path={like / 'tokenizer.json'}",
-                            *extra))
+        train(
+            compose_train(
+                experiment,
+                out,
+                *RESUMABLE,
+                "++callbacks.crash._target_=test_resume.CrashAt",
+                f"++callbacks.crash.step={step}",
+                f"data.tokenizer_path={like / 'tokenizer.json'}",
+                *extra,
+            )
+        )
 
 
 RUNS = {  # experiment: settings (dropout on), epochs of a few steps, checkpoints at validations
@@ -237,8 +269,9 @@ def test_a_killed_run_resumes_bit_for_bit(experiment, tmp_path):
         checkpoint = tmp_path / "killed" / "checkpoints" / f"{name}.ckpt"
         start = torch.load(checkpoint, weights_only=True)["global_step"]
         assert start == (7 if name == "on_exception" else 5 if experiment == "bert_mlm" else 6)
-        resumed = _losses(experiment, tmp_path / f"from_{name}", *run, f"ckpt_path={checkpoint}",
-                          "trainer.num_sanity_val_steps=1")
+        resumed = _losses(
+            experiment, tmp_path / f"from_{name}", *run, f"ckpt_path={checkpoint}", "trainer.num_sanity_val_steps=1"
+        )
         assert resumed == {s: whole[s] for s in range(start + 1, 11)}, name
 
 

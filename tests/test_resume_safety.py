@@ -56,13 +56,19 @@ def without_records(files: dict[str, str]) -> dict[str, str]:
 
 # ---- 1. a stored config builds only what conf/ names ---------------------------------------------
 PAYLOADS = {  # each writes or truncates ``victim`` when built
-    "logger": lambda victim, run_dir: {"logger.evil": {
-        "_target_": "pathlib.Path.write_text", "self": {"_target_": "pathlib.Path", "_args_": [str(victim)]},
-        "data": "written by a shared checkpoint"}},
-    "callback": lambda victim, run_dir: {"callbacks.evil": {
-        "_target_": "shutil.copyfile", "src": str(run_dir / "tokenizer.json"), "dst": str(victim)}},
-    "data.source_args": lambda victim, run_dir: {"data.source_args.evil": {
-        "_target_": "builtins.open", "file": str(victim), "mode": "w"}},
+    "logger": lambda victim, run_dir: {
+        "logger.evil": {
+            "_target_": "pathlib.Path.write_text",
+            "self": {"_target_": "pathlib.Path", "_args_": [str(victim)]},
+            "data": "written by a shared checkpoint",
+        }
+    },
+    "callback": lambda victim, run_dir: {
+        "callbacks.evil": {"_target_": "shutil.copyfile", "src": str(run_dir / "tokenizer.json"), "dst": str(victim)}
+    },
+    "data.source_args": lambda victim, run_dir: {
+        "data.source_args.evil": {"_target_": "builtins.open", "file": str(victim), "mode": "w"}
+    },
 }
 
 
@@ -74,8 +80,11 @@ def test_resume_of_a_checkpoint_naming_code_is_one_line_and_runs_nothing(payload
     plant(shared_run, **PAYLOADS[payload](victim, shared_run))
     before = digest(shared_run)
     result = run("train", f"resume={shared_run}", cwd=tmp_path)
-    where = {"logger": "logger.evil._target_", "callback": "callbacks.evil._target_",
-             "data.source_args": "data.source_args.evil._target_"}[payload]
+    where = {
+        "logger": "logger.evil._target_",
+        "callback": "callbacks.evil._target_",
+        "data.source_args": "data.source_args.evil._target_",
+    }[payload]
     assert victim.read_text() == "my file"
     one_line_error(result, "CheckpointError", where, "nothing was run")
     assert without_records(digest(shared_run)) == before  # the run is unchanged (its lock marker too)
@@ -85,12 +94,25 @@ def test_resume_of_a_checkpoint_naming_code_is_one_line_and_runs_nothing(payload
 def test_stored_interpolations_stay_text_and_read_nothing_from_the_environment(shared_run, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    plant(shared_run, **{"task.sample_prompt": "${oc.env:ZOO_TEST_SECRET}",
-                         "logger.csv.save_dir": "${oc.env:ZOO_TEST_DIR}"})
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore", "ZOO_TEST_SECRET": "hunter2",
-           "ZOO_TEST_DIR": str(elsewhere)}
-    result = subprocess.run([sys.executable, "-m", "tasks.cli.train", f"resume={shared_run}", "train=false",
-                             "test=false"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    plant(
+        shared_run,
+        **{"task.sample_prompt": "${oc.env:ZOO_TEST_SECRET}", "logger.csv.save_dir": "${oc.env:ZOO_TEST_DIR}"},
+    )
+    env = {
+        **os.environ,
+        "HYDRA_FULL_ERROR": "0",
+        "PYTHONWARNINGS": "ignore",
+        "ZOO_TEST_SECRET": "hunter2",
+        "ZOO_TEST_DIR": str(elsewhere),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.train", f"resume={shared_run}", "train=false", "test=false"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "hunter2" not in result.stdout + result.stderr
     assert not any(b"hunter2" in p.read_bytes() for p in shared_run.rglob("*") if p.is_file())
@@ -107,27 +129,48 @@ def _stored(**values: Any) -> str:
     return OmegaConf.to_yaml(config, resolve=False)
 
 
-@pytest.mark.parametrize("values,problem", [
-    ({"callbacks.model_checkpoint.filename": "../../../outside/x"}, "callbacks.model_checkpoint.filename"),
-    ({"logger.csv.version": ".."}, "logger.csv.version"),
-    ({"callbacks.last_checkpoint._target_": "lightning.pytorch.callbacks.EarlyStopping"},
-     "callbacks.last_checkpoint._target_"),
-    ({"task.sample_prompt": {"_target_": "builtins.open", "file": "x"}}, "task.sample_prompt._target_"),
-    ({"trainer.strategy": {"_target_": "lightning.pytorch.strategies.FSDPStrategy", "auto_wrap_policy": {
-        "_target_": "torch.distributed.fsdp.wrap.ModuleWrapPolicy",
-        "module_classes": [{"_target_": "hydra.utils.get_class", "path": "antigravity.Fly"}]}}},
-     "trainer.strategy.auto_wrap_policy.module_classes.0"),
-    ({"trainer.profiler": "/elsewhere/profile"}, "trainer.profiler"),
-])
+@pytest.mark.parametrize(
+    "values,problem",
+    [
+        ({"callbacks.model_checkpoint.filename": "../../../outside/x"}, "callbacks.model_checkpoint.filename"),
+        ({"logger.csv.version": ".."}, "logger.csv.version"),
+        (
+            {"callbacks.last_checkpoint._target_": "lightning.pytorch.callbacks.EarlyStopping"},
+            "callbacks.last_checkpoint._target_",
+        ),
+        ({"task.sample_prompt": {"_target_": "builtins.open", "file": "x"}}, "task.sample_prompt._target_"),
+        (
+            {
+                "trainer.strategy": {
+                    "_target_": "lightning.pytorch.strategies.FSDPStrategy",
+                    "auto_wrap_policy": {
+                        "_target_": "torch.distributed.fsdp.wrap.ModuleWrapPolicy",
+                        "module_classes": [{"_target_": "hydra.utils.get_class", "path": "antigravity.Fly"}],
+                    },
+                }
+            },
+            "trainer.strategy.auto_wrap_policy.module_classes.0",
+        ),
+        ({"trainer.profiler": "/elsewhere/profile"}, "trainer.profiler"),
+    ],
+)
 def test_a_stored_config_is_refused_where_it_names_code_or_a_path_conf_does_not(values, problem):
     with pytest.raises(zoo.CheckpointError, match=problem.replace(".", r"\.")):
         stored_config(_stored(**values), Path("run/checkpoints/last.ckpt"), Path("/here/run"))
 
 
 def test_a_stored_config_writes_only_in_the_run_directory_and_keeps_its_text():
-    config = stored_config(_stored(**{"callbacks.last_checkpoint.dirpath": "/elsewhere", "task.sample_prompt":
-                                      "a \\${x} ${oc.env:HOME}", "data.tokenizer_path": "/saved/run/tokenizer.json"}),
-                           Path("run/checkpoints/last.ckpt"), Path("/here/run"))
+    config = stored_config(
+        _stored(
+            **{
+                "callbacks.last_checkpoint.dirpath": "/elsewhere",
+                "task.sample_prompt": "a \\${x} ${oc.env:HOME}",
+                "data.tokenizer_path": "/saved/run/tokenizer.json",
+            }
+        ),
+        Path("run/checkpoints/last.ckpt"),
+        Path("/here/run"),
+    )
     assert config.callbacks.last_checkpoint.dirpath == "/here/run/checkpoints"  # conf/'s place, not the stored one
     assert config.logger.csv.save_dir == config.trainer.default_root_dir == config.paths.output_dir == "/here/run"
     assert config.task.sample_prompt == "a \\${x} ${oc.env:HOME}"  # exactly the stored text, nothing resolved
@@ -139,13 +182,13 @@ def test_a_stored_config_writes_only_in_the_run_directory_and_keeps_its_text():
 def _start(cwd: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
     out = log.open("w") if log else subprocess.PIPE
-    return subprocess.Popen([sys.executable, "-m", "tasks.cli.train", *args], cwd=cwd, env=env, stdout=out,
-                            stderr=out, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.train", *args], cwd=cwd, env=env, stdout=out, stderr=out, text=True
+    )
 
 
 @pytest.mark.slow
-def test_a_second_writer_of_a_run_is_refused_naming_the_first_and_a_dead_ones_lock_does_not_block(
-        shared_run, tmp_path):
+def test_a_second_writer_of_a_run_is_refused_naming_the_first_and_a_dead_ones_lock_does_not_block(shared_run, tmp_path):
     log = tmp_path / "first.log"
     first = _start(tmp_path, f"resume={shared_run}", "trainer.max_steps=100000", log=log)
     try:
@@ -154,12 +197,16 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_first_and_a_dead_ones_lo
             assert first.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)  # until the first resume has claimed the run
         last = shared_run / "checkpoints" / "last.ckpt"
-        attempts = [_start(tmp_path, f"resume={shared_run}"),  # both at once, while the first one trains
-                    _start(tmp_path, *GPT, f"ckpt_path={last}", f"hydra.run.dir={shared_run}")]
+        attempts = [
+            _start(tmp_path, f"resume={shared_run}"),  # both at once, while the first one trains
+            _start(tmp_path, *GPT, f"ckpt_path={last}", f"hydra.run.dir={shared_run}"),
+        ]
         for attempt in attempts:
             out, err = attempt.communicate(timeout=300)
-            one_line_error(subprocess.CompletedProcess(attempt.args, attempt.returncode, out, err),
-                           f"is being written by another zoo-train (pid {first.pid})")
+            one_line_error(
+                subprocess.CompletedProcess(attempt.args, attempt.returncode, out, err),
+                f"is being written by another zoo-train (pid {first.pid})",
+            )
     finally:
         first.send_signal(signal.SIGKILL)  # kill -9: its lock goes with it
         first.wait(timeout=60)
@@ -204,8 +251,12 @@ def test_a_crash_checkpoint_is_removed_once_a_checkpoint_as_far_along_is_saved(t
 # ---- 4 and 11. a resumed run's metrics, progress bar, warnings and closing lines ---------------------
 def _pairs(metrics: Path) -> Counter:
     with metrics.open() as f:
-        return Counter((row["step"], key) for row in csv.DictReader(f) for key, value in row.items()
-                       if value and key not in ("step", "epoch"))
+        return Counter(
+            (row["step"], key)
+            for row in csv.DictReader(f)
+            for key, value in row.items()
+            if value and key not in ("step", "epoch")
+        )
 
 
 def _losses(metrics: Path) -> dict[str, str]:
@@ -223,8 +274,13 @@ def test_a_killed_run_resumed_in_its_directory_logs_every_step_once_with_the_sam
     killed = tmp_path / "killed"
     _crash("gpt_generator", killed, 8, tmp_path / "whole", *steps)  # in step 8: last.ckpt at 6, rows of 6 and 7
     assert _pairs(killed / "logs" / "metrics.csv")[("6", "train/loss")] == 1
-    run_losses("gpt_generator", killed, *steps, f"ckpt_path={killed / 'checkpoints' / 'last.ckpt'}",
-               f"data.tokenizer_path={tmp_path / 'whole' / 'tokenizer.json'}")
+    run_losses(
+        "gpt_generator",
+        killed,
+        *steps,
+        f"ckpt_path={killed / 'checkpoints' / 'last.ckpt'}",
+        f"data.tokenizer_path={tmp_path / 'whole' / 'tokenizer.json'}",
+    )
     pairs = _pairs(killed / "logs" / "metrics.csv")
     assert [pair for pair, n in pairs.items() if n > 1] == []
     assert {step for step, key in pairs if key == "train/loss"} == {str(s) for s in range(10)}
@@ -240,9 +296,21 @@ def test_a_resumed_copy_reads_plainly_from_its_own_checkpoint(gpt_base, tmp_path
     stale["global_step"] = 2
     torch.save(stale, run_dir / "checkpoints" / "on_exception.ckpt")  # a copy from a backup: newer, behind
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "default", "COLUMNS": "80"}
-    result = subprocess.run([sys.executable, "-m", "tasks.cli.train", f"resume={run_dir}", "trainer.max_steps=9",
-                             "++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.cli.train",
+            f"resume={run_dir}",
+            "trainer.max_steps=9",
+            "++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
     assert f"resuming {run_dir} from last.ckpt (step 6)" in out
@@ -258,9 +326,14 @@ def test_a_resumed_copy_reads_plainly_from_its_own_checkpoint(gpt_base, tmp_path
 def test_the_progress_bar_of_a_resumed_run_counts_to_its_last_step():
     bar = ProgressBar()
     progress = SimpleNamespace(current=SimpleNamespace(processed=620))
-    bar._trainer = SimpleNamespace(num_training_batches=1000, max_epochs=-1, max_steps=639, global_step=620,
-                                   accumulate_grad_batches=1, fit_loop=SimpleNamespace(
-                                       epoch_loop=SimpleNamespace(batch_progress=progress)))
+    bar._trainer = SimpleNamespace(
+        num_training_batches=1000,
+        max_epochs=-1,
+        max_steps=639,
+        global_step=620,
+        accumulate_grad_batches=1,
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+    )
     assert bar.total_train_batches == 639  # 620/639, not 620/19
     bar._trainer.max_steps = 5000
     assert bar.total_train_batches == 1000  # the epoch ends first

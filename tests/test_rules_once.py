@@ -82,8 +82,10 @@ def _inputs(model: zoo.ZooModel, mask: Mask) -> dict[str, Tensor]:
     """Padded token ids (left for a decoder, as generation pads; right otherwise) and what the mask
     reads: per-row prefix lengths, or the documents of packed rows (in place of padding)."""
     g = torch.Generator().manual_seed(0)
-    inputs = {"input_ids": torch.randint(1, 61, (B, T), generator=g),
-              "attention_mask": torch.ones(B, T, dtype=torch.long)}
+    inputs = {
+        "input_ids": torch.randint(1, 61, (B, T), generator=g),
+        "attention_mask": torch.ones(B, T, dtype=torch.long),
+    }
     inputs["attention_mask"][1, :3] = 0 if type(model).decoding is not None else 1
     inputs["attention_mask"][1, -3:] = 1 if type(model).decoding is not None else 0
     if type(model).cross_attention:
@@ -101,8 +103,9 @@ def _run(model: zoo.ZooModel, inputs: dict[str, Tensor]) -> Tensor:
     if type(model).cross_attention:  # prefix_len is the encoder's
         kw = {k: v for k, v in inputs.items() if k != "prefix_len"}
         memory = model.encode(inputs["input_ids"], inputs["attention_mask"], prefix_len=inputs.get("prefix_len"))
-        return model.decode(kw["decoder_input_ids"], memory, kw["attention_mask"],
-                            decoder_attention_mask=kw["decoder_attention_mask"])
+        return model.decode(
+            kw["decoder_input_ids"], memory, kw["attention_mask"], decoder_attention_mask=kw["decoder_attention_mask"]
+        )
     return model(**inputs)
 
 
@@ -145,8 +148,9 @@ def test_every_kernel_computes_what_math_does(form, mask, settings, position, ke
     assert_rounding_close(_outputs(*key, kernel), _outputs(*key, "math"), _model(*key, "math"))
 
 
-@pytest.mark.parametrize(("form", "mask", "settings", "position", "kernel"),
-                         _where(lambda *c: _causal_input(*c[:3]) is not None))
+@pytest.mark.parametrize(
+    ("form", "mask", "settings", "position", "kernel"), _where(lambda *c: _causal_input(*c[:3]) is not None)
+)
 def test_a_future_token_leaves_past_outputs_unchanged(form, mask, settings, position, kernel):
     key = (form, mask, tuple(sorted(settings.items())), position, kernel)
     before, after = _outputs(*key), _outputs(*key, changed=True)
@@ -154,8 +158,9 @@ def test_a_future_token_leaves_past_outputs_unchanged(form, mask, settings, posi
     assert not torch.allclose(after[:, -1], before[:, -1])  # the change does reach its own position
 
 
-@pytest.mark.parametrize(("form", "mask", "settings", "position", "kernel"),
-                         _where(lambda *c: ARCH.get(c[0]).decoding is not None))
+@pytest.mark.parametrize(
+    ("form", "mask", "settings", "position", "kernel"), _where(lambda *c: ARCH.get(c[0]).decoding is not None)
+)
 def test_cached_decoding_equals_the_full_forward(form, mask, settings, position, kernel):
     """A prompt of 3 (left-padded in row 1) then one token a step through the KV cache, against one
     forward; the cache starts too small (it must grow) and the sliding window's bounds it."""
@@ -171,8 +176,10 @@ def test_cached_decoding_equals_the_full_forward(form, mask, settings, position,
             memory = model.encode(torch.randint(1, 61, (B, 6)), **prefix)
             full = model.decode(tokens, memory, decoder_attention_mask=keep)
             steps = [model.decode(tokens[:, :3], memory, decoder_attention_mask=keep[:, :3], cache=cache)]
-            steps += [model.decode(tokens[:, t : t + 1], memory, decoder_attention_mask=keep[:, : t + 1], cache=cache)
-                      for t in range(3, n)]
+            steps += [
+                model.decode(tokens[:, t : t + 1], memory, decoder_attention_mask=keep[:, : t + 1], cache=cache)
+                for t in range(3, n)
+            ]
         else:
             full = model(tokens, keep, **prefix)
             steps = [model(tokens[:, :3], keep[:, :3], cache=cache, **prefix)]
@@ -186,10 +193,13 @@ def test_cached_decoding_equals_the_full_forward(form, mask, settings, position,
 def test_a_position_that_writes_only_a_dense_bias_is_refused_when_defined():
     """flex would drop such a bias (it reads score_mod): the class is refused as it is defined."""
     with pytest.raises(TypeError, match="score_mod"):
+
         class OnlyBias(Position):  # noqa: F841
             def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
                 return (q_pos[:, None] - k_pos[None, :]).float()[None]
+
     with pytest.raises(TypeError, match="score_mod"):  # a new bias over an inherited mod: flex would read the old
+
         class NewBias(POSITION.get("alibi")):  # noqa: F841
             def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
                 return torch.zeros(self.n_heads, q_pos.shape[0], k_pos.shape[0])
@@ -198,14 +208,19 @@ def test_a_position_that_writes_only_a_dense_bias_is_refused_when_defined():
 def test_a_mask_that_writes_only_a_dense_rule_is_refused_when_defined():
     """flex would lose it (it reads mask_mod): causality gone, or documents merged."""
     with pytest.raises(TypeError, match="mask_mod"):
+
         class OnlyAllowed(Mask):  # noqa: F841
             def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len=None) -> Tensor:
                 return k_pos[None, :] <= q_pos[:, None]
+
     with pytest.raises(TypeError, match="mask_mod"):  # narrower than the causal mod it inherits
+
         class Narrower(Causal):  # noqa: F841
             def allowed(self, q_pos: Tensor, k_pos: Tensor, prefix_len=None) -> Tensor:
                 return (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - 2)
+
     with pytest.raises(TypeError, match="documents_mod"):
+
         class OwnDocuments(Causal):  # noqa: F841
             def within_documents(self, allowed: Tensor | None, document_ids: Tensor) -> Tensor:
                 return document_ids[:, None, :, None] == document_ids[:, None, None, :]
@@ -218,6 +233,7 @@ def test_a_mask_that_writes_only_a_dense_rule_is_refused_when_defined():
             return k_pos[None, :] <= q_pos[:, None]
 
     with pytest.raises(TypeError, match="allowed"):  # a new mod under an inherited fast path
+
         class NewMod(FastPath):  # noqa: F841
             def mask_mod(self, prefix_len=None) -> MaskMod:
                 return lambda b, h, q, kv: kv < q
@@ -273,18 +289,24 @@ def test_a_rule_written_only_as_a_mod_holds_under_every_kernel(arch, one_half_co
 
 def _scalar_mask(mod: MaskMod, q_pos: Tensor, k_pos: Tensor, rows: int) -> Tensor:
     """``mod`` called on one (b, q, kv) at a time, as flex_attention reads it: (rows, Tq, Tk)."""
+
     def at(*idx: int) -> Tensor:
         return mod(*(torch.tensor(i) for i in idx))
-    return torch.stack([torch.stack([torch.stack([at(b, 0, int(q), int(kv)) for kv in k_pos]) for q in q_pos])
-                        for b in range(rows)]).bool()
+
+    return torch.stack(
+        [torch.stack([torch.stack([at(b, 0, int(q), int(kv)) for kv in k_pos]) for q in q_pos]) for b in range(rows)]
+    ).bool()
 
 
 def _scalar_bias(mod: ScoreMod, q_pos: Tensor, k_pos: Tensor, heads: int) -> Tensor:
     """``mod`` on a zero score at one (h, q, kv) at a time: (H, Tq, Tk)."""
+
     def at(h: int, q: int, kv: int) -> Tensor:
         return mod(torch.zeros(()), torch.tensor(0), torch.tensor(h), torch.tensor(q), torch.tensor(kv))
-    return torch.stack([torch.stack([torch.stack([at(h, int(q), int(kv)) for kv in k_pos]) for q in q_pos])
-                        for h in range(heads)]).float()
+
+    return torch.stack(
+        [torch.stack([torch.stack([at(h, int(q), int(kv)) for kv in k_pos]) for q in q_pos]) for h in range(heads)]
+    ).float()
 
 
 def _components() -> list:
@@ -293,8 +315,9 @@ def _components() -> list:
     for form, mask, settings, position, _kernel in ACCEPTED:
         for stack in _model(form, mask, tuple(sorted(settings.items())), position, "math").stacks():
             for part in (stack.mask, stack.position):
-                seen.setdefault(repr(type(part)) + repr(vars(part).get("window")) + repr(
-                    getattr(part, "bidirectional", None)), part)
+                seen.setdefault(
+                    repr(type(part)) + repr(vars(part).get("window")) + repr(getattr(part, "bidirectional", None)), part
+                )
     return [pytest.param(part, id=type(part).__name__ + str(i)) for i, part in enumerate(seen.values())]
 
 
@@ -305,12 +328,14 @@ def test_dense_rules_equal_their_mod_read_one_pair_at_a_time(part):
     for past, n in ((0, 6), (4, 3)):
         q_pos, k_pos = torch.arange(n) + past, torch.arange(past + n)
         if isinstance(part, Mask):
-            for prefix_len in ([3, torch.tensor([2, 5])] if part.needs_prefix_len else [None]):
+            for prefix_len in [3, torch.tensor([2, 5])] if part.needs_prefix_len else [None]:
                 mod, rows = part.mask_mod(prefix_len), len(prefix_len) if isinstance(prefix_len, Tensor) else 1
                 dense = part.allowed(q_pos, k_pos, prefix_len)
                 expected = _scalar_mask(mod, q_pos, k_pos, rows) if mod else torch.ones(rows, n, past + n).bool()
-                assert torch.equal(torch.ones_like(expected) if dense is None else dense.expand_as(
-                    expected[:, None]).squeeze(1), expected)
+                assert torch.equal(
+                    torch.ones_like(expected) if dense is None else dense.expand_as(expected[:, None]).squeeze(1),
+                    expected,
+                )
         else:
             mod, dense = part.score_mod(q_pos.device), part.bias(q_pos, k_pos)
             assert (mod is None) == (dense is None) == (not part.has_bias)
@@ -322,8 +347,10 @@ def test_dense_rules_equal_their_mod_read_one_pair_at_a_time(part):
         assert torch.equal(part.within_documents(None, ids)[:, 0], expected)
 
 
-@pytest.mark.parametrize("part", [p for p in _components() if isinstance(p.values[0], Position)
-                                  and type(p.values[0]).bias is not Position.bias])
+@pytest.mark.parametrize(
+    "part",
+    [p for p in _components() if isinstance(p.values[0], Position) and type(p.values[0]).bias is not Position.bias],
+)
 def test_a_hand_written_bias_trains_as_its_score_mod_does(part):
     """A fast path's gradient equals the derived form's (``Position.bias``, evaluated from score_mod)."""
     q_pos, k_pos = torch.arange(3) + 4, torch.arange(7)

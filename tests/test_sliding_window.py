@@ -80,14 +80,17 @@ def test_sdpa_path_equals_math_path(arch, position):
     ids = torch.randint(0, 61, (2, 11))
     pad = torch.ones(2, 11, dtype=torch.long)
     pad[1, 7:] = 0
-    torch.testing.assert_close(_outputs(tiny_model(attention="sdpa", **kw), ids, pad),
-                               _outputs(tiny_model(attention="math", **kw), ids, pad), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        _outputs(tiny_model(attention="sdpa", **kw), ids, pad),
+        _outputs(tiny_model(attention="math", **kw), ids, pad),
+        atol=1e-4,
+        rtol=1e-4,
+    )
 
 
 # ---- decoding ------------------------------------------------------------------------------------
 def _windowed_decoder(position: str, window: int = W, **kw) -> zoo.ZooModel:
-    return tiny_model(position=position, mask="sliding_window", window=window, n_kv_heads=2, tie_embeddings=False,
-                      **kw)
+    return tiny_model(position=position, mask="sliding_window", window=window, n_kv_heads=2, tie_embeddings=False, **kw)
 
 
 def _assert_not_degenerate(tokens: Tensor) -> None:
@@ -141,8 +144,9 @@ def test_the_cache_holds_the_last_window_positions_only(position):
     cache = model.new_cache()
     with torch.no_grad():
         full = model(ids)  # (2, 20, V)
-        steps = [model(ids[:, :5], cache=cache)[:, -1]] + [model(ids[:, t : t + 1], cache=cache)[:, -1]
-                                                            for t in range(5, 20)]
+        steps = [model(ids[:, :5], cache=cache)[:, -1]] + [
+            model(ids[:, t : t + 1], cache=cache)[:, -1] for t in range(5, 20)
+        ]
         sizes = []
         for layer in cache.self_attn:
             assert layer.k.shape == layer.v.shape == (2, 2, W - 1, 8) and layer.held == W - 1
@@ -170,8 +174,10 @@ def test_the_encoder_of_an_encoder_decoder_slides_both_ways():
     assert type(model.encoder.mask) is SlidingWindow and model.encoder.position.bidirectional
     assert model.decoder.mask.lookback is None and model.new_cache().self_attn[0].keep is None
     src = torch.randint(0, 61, (2, 9))
-    assert torch.equal(model.generate(src, max_new_tokens=6, eos_token_id=None),
-                       model.generate(src, max_new_tokens=6, eos_token_id=None, use_cache=False))
+    assert torch.equal(
+        model.generate(src, max_new_tokens=6, eos_token_id=None),
+        model.generate(src, max_new_tokens=6, eos_token_id=None, use_cache=False),
+    )
 
 
 # ---- refusals ------------------------------------------------------------------------------------
@@ -190,8 +196,18 @@ def test_a_window_without_the_mask_is_refused(mask):
 def _hf_config(cls_name: str, **kw):
     transformers = pytest.importorskip("transformers")
     return getattr(transformers, cls_name)(
-        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-        vocab_size=100, max_position_embeddings=64, initializer_range=0.2, bos_token_id=1, eos_token_id=2, **kw)
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=100,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        **kw,
+    )
 
 
 def _hf_model(cls_name: str, config, attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
@@ -208,9 +224,14 @@ def _convert(hf: torch.nn.Module) -> zoo.ZooModel:
 
 
 IDS = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))  # longer than the window of 4
-FAMILY = {"mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 4}),
-          "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {"use_sliding_window": True, "sliding_window": 4,
-                                                       "max_window_layers": 0})}
+FAMILY = {
+    "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 4}),
+    "qwen2": (
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0},
+    ),
+}
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -240,15 +261,21 @@ def test_mistral_generation_matches_transformers_past_the_window():
     hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0
     for row, prompt in zip(got, prompts, strict=True):
         with torch.no_grad():
-            alone = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                do_sample=False, num_beams=1, max_new_tokens=10)[0]
-        assert row[-len(alone):].tolist() == alone.tolist()
-        _assert_not_degenerate(alone[len(prompt):])
+            alone = hf.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=10,
+            )[0]
+        assert row[-len(alone) :].tolist() == alone.tolist()
+        _assert_not_degenerate(alone[len(prompt) :])
 
 
 def test_qwen2_reads_every_layer_sliding_or_none():
-    cfg = zoo.from_hf_config(_hf_config("Qwen2Config", use_sliding_window=True, sliding_window=4,
-                                        max_window_layers=2))  # layers from 2 on: none of 2
+    cfg = zoo.from_hf_config(
+        _hf_config("Qwen2Config", use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    )  # layers from 2 on: none of 2
     assert (cfg.mask, cfg.window) == (None, None)
     with pytest.raises(ValueError, match=r"max_window_layers=1 .*not supported.*max_window_layers=0"):
         zoo.from_hf_config(_hf_config("Qwen2Config", use_sliding_window=True, sliding_window=4, max_window_layers=1))
@@ -256,8 +283,9 @@ def test_qwen2_reads_every_layer_sliding_or_none():
     assert (cfg.mask, cfg.window) == (None, None)
 
 
-@pytest.mark.parametrize(("qkv_bias", "family", "auto_class"), [(None, "mistral", "MistralForCausalLM"),
-                                                                 (True, "qwen2", "Qwen2ForCausalLM")])
+@pytest.mark.parametrize(
+    ("qkv_bias", "family", "auto_class"), [(None, "mistral", "MistralForCausalLM"), (True, "qwen2", "Qwen2ForCausalLM")]
+)
 def test_a_sliding_window_decoder_exports(qkv_bias, family, auto_class, tmp_path):
     transformers = pytest.importorskip("transformers")
     model = tiny_model(mask="sliding_window", window=W, n_kv_heads=2, qkv_bias=qkv_bias, tie_embeddings=False)
@@ -271,11 +299,16 @@ def test_a_sliding_window_decoder_exports(qkv_bias, family, auto_class, tmp_path
     assert (back.mask, back.window, back.qkv_bias) == ("sliding_window", W, qkv_bias)
 
 
-@pytest.mark.parametrize(("overrides", "named"), [
-    (dict(arch="encoder", position="learned", norm="layernorm", norm_placement="post", ffn="gelu", bias=True),
-     "mask=sliding_window (BERT has bidirectional attention)"),
-    (dict(bias=True), "mask=sliding_window (Llama has causal attention)"),  # Mistral has no biases
-])
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (
+            dict(arch="encoder", position="learned", norm="layernorm", norm_placement="post", ffn="gelu", bias=True),
+            "mask=sliding_window (BERT has bidirectional attention)",
+        ),
+        (dict(bias=True), "mask=sliding_window (Llama has causal attention)"),  # Mistral has no biases
+    ],
+)
 def test_what_no_transformers_class_computes_is_refused(overrides, named):
     cfg = tiny_config(mask="sliding_window", window=W, **overrides)
     with pytest.raises(zoo.ConfigError, match=re.escape(named)):

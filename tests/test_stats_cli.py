@@ -36,8 +36,9 @@ def test_parameter_split():
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
 def test_forward_flops_match_a_flop_counter(arch):
     # the math kernel, because the flop counter does not see inside the fused CPU attention kernel
-    cfg = tiny_config(arch=arch, d_model=64, d_ff=256, vocab_size=512, n_layers=3, bias=False, position="rope",
-                      attention="math")
+    cfg = tiny_config(
+        arch=arch, d_model=64, d_ff=256, vocab_size=512, n_layers=3, bias=False, position="rope", attention="math"
+    )
     model = zoo.build_model(cfg)
     T = 32
     x = torch.randint(0, 512, (2, T))

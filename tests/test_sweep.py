@@ -24,22 +24,49 @@ from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
 from tasks.cli.common import conf_dir
 
 # the gpt_generator experiment at seconds a trial (as in test_tasks.py), without progress bars
-TINY = ["experiment=gpt_generator", "data.source_args.max_files=40", "data.vocab_size=300", "data.seq_len=32",
-        "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=6",
-        "trainer.val_check_interval=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
-        "trainer.num_sanity_val_steps=0", "test=false", "task.sample_tokens=4", "callbacks.rich_progress_bar=null",
-        "callbacks.rich_model_summary=null", "callbacks.throughput=null"]
-SEARCH = ["hydra/sweeper=zoo_optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
-          "scheduler.warmup_steps=choice(0, 2)", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=0"]
+TINY = [
+    "experiment=gpt_generator",
+    "data.source_args.max_files=40",
+    "data.vocab_size=300",
+    "data.seq_len=32",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "trainer.num_sanity_val_steps=0",
+    "test=false",
+    "task.sample_tokens=4",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+    "callbacks.throughput=null",
+]
+SEARCH = [
+    "hydra/sweeper=zoo_optuna",
+    "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
+    "scheduler.warmup_steps=choice(0, 2)",
+    "hydra.sweeper.sampler=random",
+    "hydra.sweeper.seed=0",
+]
 
 
 def test_params_syntax_becomes_optuna_distributions():
-    params = {"optimizer.lr": "tag(log, interval(1e-4, 1e-2))", "model.n_layers": "range(1, 4)",
-              "model/position": "choice(rope, alibi)", "model.d_model": [32, 64], "model.dropout": "interval(0, 0.2)",
-              "+extra": "tag(int, interval(1, 8))", "data.fraction": "range(0.1, 0.5, 0.1)",
-              "trainer.max_steps": 5, "seed": "choice(1, 2)"}
-    space = SearchSpace.parse(params, ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'",
-                                       "scheduler.warmup_steps=0,10"])
+    params = {
+        "optimizer.lr": "tag(log, interval(1e-4, 1e-2))",
+        "model.n_layers": "range(1, 4)",
+        "model/position": "choice(rope, alibi)",
+        "model.d_model": [32, 64],
+        "model.dropout": "interval(0, 0.2)",
+        "+extra": "tag(int, interval(1, 8))",
+        "data.fraction": "range(0.1, 0.5, 0.1)",
+        "trainer.max_steps": 5,
+        "seed": "choice(1, 2)",
+    }
+    space = SearchSpace.parse(
+        params, ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'", "scheduler.warmup_steps=0,10"]
+    )
     dists = space.distributions()
     assert dists["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
     assert dists["model.n_layers"] == IntDistribution(1, 3)  # range's stop is exclusive, Optuna's high is not
@@ -52,8 +79,16 @@ def test_params_syntax_becomes_optuna_distributions():
     assert "seed" not in dists  # a fixed command-line value wins over a searched param
     assert space.fixed == ["model.n_heads=2", "trainer.max_steps=7", "seed=3", "task.name='a b'"]
 
-    values = {"optimizer.lr": 3.1e-4, "model.n_layers": 2, "model/position": "alibi", "model.d_model": 64,
-              "model.dropout": 0.1, "extra": 5, "data.fraction": 0.2, "scheduler.warmup_steps": 10}
+    values = {
+        "optimizer.lr": 3.1e-4,
+        "model.n_layers": 2,
+        "model/position": "alibi",
+        "model.d_model": 64,
+        "model.dropout": 0.1,
+        "extra": 5,
+        "data.fraction": 0.2,
+        "scheduler.warmup_steps": 10,
+    }
     overrides = OverridesParser.create().parse_overrides(space.overrides(values))
     parsed = {o.key_or_group: o.value() for o in overrides}
     assert values.items() <= parsed.items()  # every value survives the trip
@@ -72,8 +107,11 @@ def test_params_syntax_becomes_optuna_distributions():
 @pytest.mark.parametrize("experiment", ["gpt_generator", "bert_classifier", "bert_mlm", "t5_translator"])
 def test_each_experiment_has_a_search_that_composes(experiment):
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}", f"hparams_search={experiment}_optuna"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "train",
+            overrides=[f"experiment={experiment}", f"hparams_search={experiment}_optuna"],
+            return_hydra_config=True,
+        )
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("zoo_optuna_sweeper.sweeper.ZooOptunaSweeper")
     assert sweeper.seed == cfg.seed and sweeper.direction is None  # direction follows monitor.mode
@@ -86,10 +124,12 @@ def test_hydra_plugin_scan_imports_the_package_and_nothing_heavy():
     """At every start of every Hydra app, Hydra's plugin scan runs each module of the package whose
     name has no leading underscore (the sweeper, the report), outside sys.modules, as a regular
     install lists it (here: the checkout on PYTHONPATH). It must work and stay light."""
-    probe = ("import sys; from hydra.core.plugins import Plugins; from hydra.plugins.sweeper import Sweeper; "
-             "print([p.__name__ for p in Plugins.instance().discover(Sweeper)]); "
-             "print(sorted(Plugins.instance().stats.modules_import_time)); "
-             "print(sorted(m for m in ('optuna', 'lightning', 'torch', 'matplotlib') if m in sys.modules))")
+    probe = (
+        "import sys; from hydra.core.plugins import Plugins; from hydra.plugins.sweeper import Sweeper; "
+        "print([p.__name__ for p in Plugins.instance().discover(Sweeper)]); "
+        "print(sorted(Plugins.instance().stats.modules_import_time)); "
+        "print(sorted(m for m in ('optuna', 'lightning', 'torch', 'matplotlib') if m in sys.modules))"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/", env=env)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -122,8 +162,15 @@ def test_the_report_refuses_a_directory_that_is_not_a_sweep(tmp_path, capsys):
 
 def _zoo_train(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([sys.executable, "-m", "tasks.cli.train", "-m", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.train", "-m", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 def _in_process(args: list[str], monkeypatch) -> None:
@@ -139,8 +186,14 @@ def resumed(tmp_path_factory) -> tuple[Path, optuna.Study, int]:
     """A 3-trial sweep killed during its second trial, then the same command run again."""
     root = tmp_path_factory.mktemp("optuna")
     storage = f"sqlite:///{root / 'optuna.db'}"
-    args = [*TINY, *SEARCH, "hydra.sweeper.n_trials=3", "hydra.sweeper.pruner=none", f"hydra.sweeper.storage={storage}",
-            "hydra.sweeper.study_name=resume"]
+    args = [
+        *TINY,
+        *SEARCH,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.pruner=none",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=resume",
+    ]
     first = _zoo_train([*args, f"hydra.sweep.dir={root / 'first'}"], root, start_new_session=True)
     killed = None
     try:
@@ -207,9 +260,18 @@ def test_pruning_stops_trials_from_their_validation_metric(tmp_path, monkeypatch
     """A threshold pruner that no loss passes: every trial stops at its first validation, PRUNED."""
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    _in_process([*TINY, *SEARCH, "hydra.sweeper.n_trials=2", "hydra.sweeper.pruner=threshold",
-                 "+hydra.sweeper.pruner_args.upper=0.0", f"hydra.sweeper.storage={storage}",
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
+    _in_process(
+        [
+            *TINY,
+            *SEARCH,
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.pruner=threshold",
+            "+hydra.sweeper.pruner_args.upper=0.0",
+            f"hydra.sweeper.storage={storage}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        monkeypatch,
+    )
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]
     for trial in study.trials:
@@ -230,9 +292,19 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     with pytest.raises(SystemExit) as ended:
-        _in_process([*TINY, "hydra/sweeper=zoo_optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=10",
-                     "model.n_heads=choice(5)", "model.n_layers=choice(1, four)", f"hydra.sweeper.storage={storage}",
-                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], monkeypatch)
+        _in_process(
+            [
+                *TINY,
+                "hydra/sweeper=zoo_optuna",
+                "hydra.sweeper.sampler=grid",
+                "hydra.sweeper.n_trials=10",
+                "model.n_heads=choice(5)",
+                "model.n_layers=choice(1, four)",
+                f"hydra.sweeper.storage={storage}",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            ],
+            monkeypatch,
+        )
     assert ended.value.code == 1
     assert "zoo: SweepError: all 2 trials of study" in capsys.readouterr().err
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
@@ -251,11 +323,28 @@ def test_a_pruned_ddp_trial_ends_every_process_cleanly(tmp_path):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "sweep.log", "w") as log:  # a file, not a pipe that a stray rank-1 process holds open
-        sweep = subprocess.Popen([sys.executable, "-m", "tasks.cli.train", "-m", *TINY, *SEARCH, "trainer=ddp",
-                                  "trainer.devices=2", "hydra.sweeper.n_trials=2", "hydra.sweeper.pruner=threshold",
-                                  "+hydra.sweeper.pruner_args.upper=0.0", f"hydra.sweeper.storage={storage}",
-                                  f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                                 cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        sweep = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tasks.cli.train",
+                "-m",
+                *TINY,
+                *SEARCH,
+                "trainer=ddp",
+                "trainer.devices=2",
+                "hydra.sweeper.n_trials=2",
+                "hydra.sweeper.pruner=threshold",
+                "+hydra.sweeper.pruner_args.upper=0.0",
+                f"hydra.sweeper.storage={storage}",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code = sweep.wait(timeout=300)
         finally:
@@ -268,8 +357,10 @@ def test_a_pruned_ddp_trial_ends_every_process_cleanly(tmp_path):
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]
     for trial in study.trials:
         assert list(trial.intermediate_values) == [3]
-        steps = [line.split(",")[1] for line in (Path(trial.user_attrs[JOB_DIR]) / "logs" / "metrics.csv")
-                 .read_text().splitlines()[1:]]
+        steps = [
+            line.split(",")[1]
+            for line in (Path(trial.user_attrs[JOB_DIR]) / "logs" / "metrics.csv").read_text().splitlines()[1:]
+        ]
         assert max(int(s) for s in steps if s) < 5  # stopped before the last step
     assert sorted(p.name for p in tmp_path.iterdir()) == ["optuna.db", "sweep", "sweep.log"]  # rank 1 made no run
 
@@ -281,15 +372,27 @@ def _launch_lines(output: str) -> list[str]:
 
 @pytest.mark.slow
 def test_an_optuna_sweep_ends_on_its_best_trial_and_launch_lines_show_only_the_users_overrides(
-        tmp_path, monkeypatch, capfd):
+    tmp_path, monkeypatch, capfd
+):
     """Three trials asked at once (n_jobs=3), the middle one not composing (n_layers=four): the jobs launch as
     #0 and #2, each learns its own trial from its job number (it reports its validation to that trial), none
     shows the sweeper's environment overrides, and the sweep ends on its best trial."""
     monkeypatch.chdir(tmp_path)
     storage, sweep = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "sweep"
-    _in_process([*TINY, "trainer.max_steps=3", "hydra/sweeper=zoo_optuna", "hydra.sweeper.sampler=grid",
-                 "hydra.sweeper.seed=0", "hydra.sweeper.n_jobs=3", "model.n_layers=choice(1, four, 2)",
-                 f"hydra.sweeper.storage={storage}", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    _in_process(
+        [
+            *TINY,
+            "trainer.max_steps=3",
+            "hydra/sweeper=zoo_optuna",
+            "hydra.sweeper.sampler=grid",
+            "hydra.sweeper.seed=0",
+            "hydra.sweeper.n_jobs=3",
+            "model.n_layers=choice(1, four, 2)",
+            f"hydra.sweeper.storage={storage}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        monkeypatch,
+    )
     output = capfd.readouterr().out
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     assert [t.params["model.n_layers"] for t in study.trials] == [2, "four", 1]  # the seed puts it in the middle
@@ -297,16 +400,20 @@ def test_an_optuna_sweep_ends_on_its_best_trial_and_launch_lines_show_only_the_u
     lines = _launch_lines(output)
     assert [line.split("#")[1].split(" :")[0] for line in lines] == ["0", "2"]
     assert all("env_set" not in line and "ZOO_" not in line for line in lines), lines
-    assert all(line.endswith(f"model.n_layers={t.params['model.n_layers']}")
-               for line, t in zip(lines, [study.trials[0], study.trials[2]], strict=True))
+    assert all(
+        line.endswith(f"model.n_layers={t.params['model.n_layers']}")
+        for line, t in zip(lines, [study.trials[0], study.trials[2]], strict=True)
+    )
     for trial in (study.trials[0], study.trials[2]):
         assert Path(trial.user_attrs[JOB_DIR]) == sweep / str(trial.number)  # its job folder, by its number
         assert list(trial.intermediate_values) == [3]  # the job reported to its own trial
     best = study.best_trial
     tail = output.rstrip().splitlines()[-4:]
     assert tail[0] == f"sweep finished: 3 trials (2 COMPLETE, 1 FAIL) in {sweep}"
-    assert tail[1] == (f"best trial: {best.number}, val/loss = {best.value:.6g} (lowest), with "
-                       f"model.n_layers={best.params['model.n_layers']}")
+    assert tail[1] == (
+        f"best trial: {best.number}, val/loss = {best.value:.6g} (lowest), with "
+        f"model.n_layers={best.params['model.n_layers']}"
+    )
     assert tail[2] == f"its run directory: {sweep / str(best.number)}"
     assert tail[3] == f"every trial, and plots: zoo-sweep-report {sweep}"
 

@@ -26,10 +26,12 @@ def _grid(root: Path) -> Path:
     for job, layers, loss in (("0", 1, 5.7), ("1", 2, 5.6)):
         (root / job / ".hydra").mkdir(parents=True)
         (root / job / "logs").mkdir()
-        (root / job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model.d_model=32",
-                                                                               f"model.n_layers={layers}"]))
-        (root / job / "config.yaml").write_text(yaml.safe_dump({"monitor": {"metric": "val/loss", "mode": "min"},
-                                                                "trainer": {"max_steps": 2}}))
+        (root / job / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump(["model.d_model=32", f"model.n_layers={layers}"])
+        )
+        (root / job / "config.yaml").write_text(
+            yaml.safe_dump({"monitor": {"metric": "val/loss", "mode": "min"}, "trainer": {"max_steps": 2}})
+        )
         (root / job / "logs" / "metrics.csv").write_text(f"epoch,step,train/loss,val/loss\n0,1,{loss},\n0,1,,{loss}\n")
     return root
 
@@ -38,11 +40,15 @@ def _optuna_sweep(root: Path) -> tuple[Path, Path]:
     """An Optuna sweep's folder naming a real sqlite storage with one complete trial."""
     db = root / "optuna.db"
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
-    study.add_trial(optuna.trial.create_trial(params={"x": 1.0}, distributions={
-        "x": optuna.distributions.FloatDistribution(0, 2)}, value=0.5))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": 1.0}, distributions={"x": optuna.distributions.FloatDistribution(0, 2)}, value=0.5
+        )
+    )
     sweep = _grid(root / "sweep")
-    (sweep / "optimization_results.yaml").write_text(yaml.safe_dump({"study_name": "s", "storage": f"sqlite:///{db}",
-                                                                     "metric": "val/loss"}))
+    (sweep / "optimization_results.yaml").write_text(
+        yaml.safe_dump({"study_name": "s", "storage": f"sqlite:///{db}", "metric": "val/loss"})
+    )
     return sweep, db
 
 
@@ -102,8 +108,12 @@ def test_the_report_names_a_corrupt_storage(tmp_path, capsys, damage):
 def test_the_real_report_verb_prints_one_line(tmp_path):
     sweep = _grid(tmp_path)
     (sweep / "0" / "config.yaml").write_text("monitor: {mode: sideways}\n")
-    done = subprocess.run([sys.executable, "-m", "hydra_plugins.zoo_optuna_sweeper.report", str(sweep)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "hydra_plugins.zoo_optuna_sweeper.report", str(sweep)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"zoo: SweepError: {sweep / '0' / 'config.yaml'}: monitor.mode='sideways'")
 
@@ -130,8 +140,9 @@ def test_the_sweeper_names_a_corrupt_storage(tmp_path, monkeypatch, capsys, dama
         data = db.read_bytes()
         db.write_bytes(b"not a database\n" * 100 if damage == "text" else data[: len(data) // 3])
     before = db.read_bytes() if db.is_file() else None
-    line = _sweep_fails(tmp_path, monkeypatch, capsys, f"hydra.sweeper.storage=sqlite:///{db}",
-                        f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    line = _sweep_fails(
+        tmp_path, monkeypatch, capsys, f"hydra.sweeper.storage=sqlite:///{db}", f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    )
     assert f"storage sqlite:///{db} cannot be used" in line and "hydra.sweeper.storage=" in line
     assert not (tmp_path / "sweep").exists() and (db.read_bytes() if db.is_file() else None) == before
 
@@ -153,13 +164,20 @@ def test_the_sweeper_keeps_out_of_another_sweeps_folder(tmp_path, monkeypatch, c
     assert not (tmp_path / "optuna.db").exists()  # refused before the storage was opened
 
 
-@pytest.mark.parametrize("option", ["hydra.sweeper.sampler=bogus", "hydra.sweeper.pruner=bogus",
-                                    "hydra.sweeper.direction=up"])
+@pytest.mark.parametrize(
+    "option", ["hydra.sweeper.sampler=bogus", "hydra.sweeper.pruner=bogus", "hydra.sweeper.direction=up"]
+)
 def test_a_bad_sweeper_option_is_one_line_and_creates_no_study(tmp_path, monkeypatch, capsys, option):
     db = tmp_path / "optuna.db"
     optuna.create_study(study_name="existing", storage=f"sqlite:///{db}")
-    line = _sweep_fails(tmp_path, monkeypatch, capsys, option, f"hydra.sweeper.storage=sqlite:///{db}",
-                        f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    line = _sweep_fails(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        option,
+        f"hydra.sweeper.storage=sqlite:///{db}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     assert option.split("=")[0] in line and "choose" in line
     assert optuna.get_all_study_names(f"sqlite:///{db}") == ["existing"]
 
@@ -172,6 +190,9 @@ def test_a_params_entry_that_is_not_override_syntax_names_itself():
 def test_params_on_the_command_line_compose():
     """``+hydra.sweeper.params.<key>=...`` adds to the (empty) params: OmegaConf merges nothing into a None."""
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("train", overrides=["hydra/sweeper=zoo_optuna", "+hydra.sweeper.params.seed='choice(1, 2)'"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "train",
+            overrides=["hydra/sweeper=zoo_optuna", "+hydra.sweeper.params.seed='choice(1, 2)'"],
+            return_hydra_config=True,
+        )
     assert SearchSpace.parse(cfg.hydra.sweeper.params, []).grid() == {"seed": [1, 2]}

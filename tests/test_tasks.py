@@ -21,24 +21,56 @@ from tasks.cli.common import conf_dir, load_task
 from tasks.cli.train import train
 
 TINY = {  # shrink each experiment to seconds: small data, a few steps
-    "gpt_generator": ["data.source_args.max_files=40", "data.vocab_size=300", "data.seq_len=32",
-                      "model.d_model=32", "model.n_heads=2"],
-    "bert_classifier": ["data.max_records=400", "data.vocab_size=300", "data.seq_len=48", "model.d_model=32",
-                        "model.n_heads=2"],
-    "bert_mlm": ["data.max_records=400", "data.vocab_size=300", "data.seq_len=48", "model.d_model=32",
-                 "model.n_heads=2"],
-    "t5_translator": ["data.source_args.n=400", "data.vocab_size=200", "data.seq_len=32", "model.d_model=32",
-                      "model.n_heads=2", "model.d_ff=64", "task.max_new_tokens=12"],
+    "gpt_generator": [
+        "data.source_args.max_files=40",
+        "data.vocab_size=300",
+        "data.seq_len=32",
+        "model.d_model=32",
+        "model.n_heads=2",
+    ],
+    "bert_classifier": [
+        "data.max_records=400",
+        "data.vocab_size=300",
+        "data.seq_len=48",
+        "model.d_model=32",
+        "model.n_heads=2",
+    ],
+    "bert_mlm": [
+        "data.max_records=400",
+        "data.vocab_size=300",
+        "data.seq_len=48",
+        "model.d_model=32",
+        "model.n_heads=2",
+    ],
+    "t5_translator": [
+        "data.source_args.n=400",
+        "data.vocab_size=200",
+        "data.seq_len=32",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "task.max_new_tokens=12",
+    ],
 }
-STEPS = ["trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
-         "trainer.limit_test_batches=2", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1",
-         "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null", "callbacks.throughput.window=2"]
+STEPS = [
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+    "callbacks.throughput.window=2",
+]
 
 
 def compose_train(experiment: str, out: Path, *extra: str):
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        return compose("train", overrides=[f"experiment={experiment}", *TINY[experiment], *STEPS,
-                                           f"paths.output_dir={out}", *extra])
+        return compose(
+            "train",
+            overrides=[f"experiment={experiment}", *TINY[experiment], *STEPS, f"paths.output_dir={out}", *extra],
+        )
 
 
 @pytest.fixture(scope="session")
@@ -53,12 +85,15 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("experiment,metrics", [
-    ("gpt_generator", ["val/loss", "val/ppl", "test/ppl", "perf/tokens_per_s"]),
-    ("bert_classifier", ["val/acc", "val/f1", "test/acc", "test/f1"]),
-    ("bert_mlm", ["val/loss", "val/masked_acc", "test/masked_acc"]),
-    ("t5_translator", ["val/loss", "val/bleu", "val/chrf", "test/chrf"]),
-])
+@pytest.mark.parametrize(
+    "experiment,metrics",
+    [
+        ("gpt_generator", ["val/loss", "val/ppl", "test/ppl", "perf/tokens_per_s"]),
+        ("bert_classifier", ["val/acc", "val/f1", "test/acc", "test/f1"]),
+        ("bert_mlm", ["val/loss", "val/masked_acc", "test/masked_acc"]),
+        ("t5_translator", ["val/loss", "val/bleu", "val/chrf", "test/chrf"]),
+    ],
+)
 def test_each_experiment_trains_logs_and_checkpoints(runs, experiment, metrics):
     run = runs[experiment]
     logged = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
@@ -123,21 +158,37 @@ def test_onnx_export_matches_pytorch(runs, experiment, tmp_path):
     assert export_onnx(task, info, tmp_path, opset=18) < 1e-4
 
 
-@pytest.mark.parametrize("experiment,prompt,expect", [
-    ("gpt_generator", "def fib(n):", "def fib(n):"),
-    ("t5_translator", "twenty-one", None),
-    ("bert_classifier", "Return the event loop.", "\t"),
-    ("bert_mlm", "Return the <mask> loop.", "<mask> #1:"),
-])
+@pytest.mark.parametrize(
+    "experiment,prompt,expect",
+    [
+        ("gpt_generator", "def fib(n):", "def fib(n):"),
+        ("t5_translator", "twenty-one", None),
+        ("bert_classifier", "Return the event loop.", "\t"),
+        ("bert_mlm", "Return the <mask> loop.", "<mask> #1:"),
+    ],
+)
 def test_zoo_generate_answers_by_task(runs, experiment, prompt, expect):
     from omegaconf import OmegaConf
 
     from tasks.cli.generate import respond
 
     task, info = load_task(runs[experiment] / "checkpoints" / "last.ckpt")
-    cfg = OmegaConf.create(dict(prompt=prompt, max_new_tokens=8, do_sample=True, temperature=0.8, top_k=50,
-                                top_p=0.95, num_beams=2, repetition_penalty=1.0, no_repeat_ngram_size=0, top=3,
-                                seed=0, compile=False))
+    cfg = OmegaConf.create(
+        dict(
+            prompt=prompt,
+            max_new_tokens=8,
+            do_sample=True,
+            temperature=0.8,
+            top_k=50,
+            top_p=0.95,
+            num_beams=2,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            top=3,
+            seed=0,
+            compile=False,
+        )
+    )
     text = respond(task, info["task"], cfg)
     assert isinstance(text, str)
     if expect is not None:
@@ -171,15 +222,26 @@ def test_typed_model_overrides_fail_at_composition(tmp_path):
 
 def _run(args: list[str], cwd: Path, timeout: int = 300, warnings: str = "ignore") -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": warnings}
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
 def test_real_commands_multirun_eval_generate_export(tmp_path):
     """The console verbs as a user runs them: a 2-job sweep, then eval / generate / export on it."""
-    sweep = _run(["tasks.cli.train", "-m", "experiment=gpt_generator", "model/position=rope,alibi",
-                  *TINY["gpt_generator"], *STEPS, "hydra.sweep.dir=" + str(tmp_path / "sweep")], tmp_path)
+    sweep = _run(
+        [
+            "tasks.cli.train",
+            "-m",
+            "experiment=gpt_generator",
+            "model/position=rope,alibi",
+            *TINY["gpt_generator"],
+            *STEPS,
+            "hydra.sweep.dir=" + str(tmp_path / "sweep"),
+        ],
+        tmp_path,
+    )
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     jobs = sorted((tmp_path / "sweep").glob("[0-9]"))
     assert [j.name for j in jobs] == ["0", "1"]
@@ -187,28 +249,45 @@ def test_real_commands_multirun_eval_generate_export(tmp_path):
     assert "position: rope" in configs[0] and "position: alibi" in configs[1]
     ckpt = jobs[1] / "checkpoints" / "last.ckpt"
 
-    evaluated = _run(["tasks.cli.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}",
-                      "trainer.limit_test_batches=2"], tmp_path)
+    evaluated = _run(
+        [
+            "tasks.cli.evaluate",
+            f"ckpt_path={ckpt}",
+            f"hydra.run.dir={tmp_path / 'eval'}",
+            "trainer.limit_test_batches=2",
+        ],
+        tmp_path,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     fp32 = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert "test/ppl" in fp32
-    int8 = _run(["tasks.cli.evaluate", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval8'}",
-                 "trainer.limit_test_batches=2", "quantize=int8", "kv_cache=int8"], tmp_path)
+    int8 = _run(
+        [
+            "tasks.cli.evaluate",
+            f"ckpt_path={ckpt}",
+            f"hydra.run.dir={tmp_path / 'eval8'}",
+            "trainer.limit_test_batches=2",
+            "quantize=int8",
+            "kv_cache=int8",
+        ],
+        tmp_path,
+    )
     assert int8.returncode == 0, int8.stderr[-3000:]
     int8_ppl = json.loads((tmp_path / "eval8" / "metrics.json").read_text())["test/ppl"]
     assert int8_ppl != fp32["test/ppl"] and int8_ppl == pytest.approx(fp32["test/ppl"], rel=0.05)
 
-    generated = _run(["tasks.cli.generate", f"ckpt_path={ckpt}", "prompt=def fib(n):", "max_new_tokens=5"],
-                     tmp_path)
+    generated = _run(["tasks.cli.generate", f"ckpt_path={ckpt}", "prompt=def fib(n):", "max_new_tokens=5"], tmp_path)
     assert generated.returncode == 0, generated.stderr[-3000:]
     assert generated.stdout.startswith("def fib(n):")
 
-    exported = _run(["tasks.cli.export", f"ckpt_path={ckpt}", "format=safetensors", f"out={tmp_path / 'st'}"],
-                    tmp_path)
+    exported = _run(["tasks.cli.export", f"ckpt_path={ckpt}", "format=safetensors", f"out={tmp_path / 'st'}"], tmp_path)
     assert exported.returncode == 0 and "max abs diff 0" in exported.stdout, exported.stderr[-3000:]
     if importlib.util.find_spec("onnxruntime"):  # with the library's warnings shown: none reaches the user
-        onnx = _run(["tasks.cli.export", f"ckpt_path={ckpt}", "format=onnx", f"out={tmp_path / 'onnx'}"], tmp_path,
-                    warnings="default")
+        onnx = _run(
+            ["tasks.cli.export", f"ckpt_path={ckpt}", "format=onnx", f"out={tmp_path / 'onnx'}"],
+            tmp_path,
+            warnings="default",
+        )
         assert onnx.returncode == 0 and "onnxruntime vs PyTorch" in onnx.stdout, onnx.stderr[-3000:]
         assert onnx.stderr == "", onnx.stderr[-3000:]  # no torchvision lines, no axis-name notes
 
@@ -219,15 +298,28 @@ def test_real_commands_multirun_eval_generate_export(tmp_path):
 @pytest.mark.slow
 def test_a_built_wheel_carries_conf(tmp_path):
     root = Path(__file__).resolve().parents[1]
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps",
-                            "-q", "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-q", "-w", str(tmp_path / "dist")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next((tmp_path / "dist").glob("zoo-*.whl"))
     site = tmp_path / "site"
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-                                str(wheel)], capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
-    found = subprocess.run([sys.executable, "-c", "from tasks.cli.common import conf_dir; print(conf_dir())"],
-                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
+    found = subprocess.run(
+        [sys.executable, "-c", "from tasks.cli.common import conf_dir; print(conf_dir())"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+    )
     assert Path(found.stdout.strip()) == site / "tasks" / "conf", found.stderr[-2000:]
     assert (site / "tasks" / "conf" / "model" / "position" / "rope.yaml").is_file()

@@ -20,12 +20,17 @@ def _runs(cwd: Path) -> list[Path]:
     return sorted(p.parent for p in (cwd / "outputs").rglob(".hydra"))
 
 
-@pytest.mark.parametrize(("override", "needles"), [
-    ("model/position=rop", ["model/position=rop is not a choice of model/position",
-                            "did you mean model/position=rope?"]),
-    ("trainer.max_step=10", ["trainer.max_step is not a key of trainer", "did you mean trainer.max_steps=10?"]),
-    ("trainer=gpu", ["this machine has no GPU", "use trainer=cpu"]),
-])
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        (
+            "model/position=rop",
+            ["model/position=rop is not a choice of model/position", "did you mean model/position=rope?"],
+        ),
+        ("trainer.max_step=10", ["trainer.max_step is not a key of trainer", "did you mean trainer.max_steps=10?"]),
+        ("trainer=gpu", ["this machine has no GPU", "use trainer=cpu"]),
+    ],
+)
 def test_a_mistake_hydra_or_lightning_sees_is_one_line_and_leaves_no_run(override, needles, tmp_path):
     done = run("train", *GPT, override, cwd=tmp_path)
     line = one_line_error(done, "ConfigError", *needles)
@@ -50,12 +55,14 @@ def test_a_data_record_that_is_not_text_names_the_file_and_the_record(tmp_path):
 
 def test_eval_past_the_position_table_names_the_longest_length(gpt_base, tmp_path):
     done = run("evaluate", f"ckpt_path={gpt_base}", "+data.seq_len=100000", cwd=tmp_path)
-    one_line_error(done, "UserError", "data.seq_len=100000 is longer than the model's position table",
-                   "give at most data.seq_len=")
+    one_line_error(
+        done, "UserError", "data.seq_len=100000 is longer than the model's position table", "give at most data.seq_len="
+    )
 
 
-@pytest.mark.parametrize(("verb", "setting"), [("generate", "prompt: ???"), ("evaluate", "split: test"),
-                                               ("attention", "prompt: null")])
+@pytest.mark.parametrize(
+    ("verb", "setting"), [("generate", "prompt: ???"), ("evaluate", "split: test"), ("attention", "prompt: null")]
+)
 def test_help_of_a_verb_that_reads_a_checkpoint_lists_its_own_settings(verb, setting, tmp_path):
     done = run(verb, "--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -1,8 +1,8 @@
 """zoo: Transformer components chosen by name, composed into encoder, decoder and encoder-decoder models.
 
-    import zoo
-    model = zoo.create_model("gpt2", n_layers=4, position="alibi")
-    logits = model(input_ids)  # (B, T, V)
+import zoo
+model = zoo.create_model("gpt2", n_layers=4, position="alibi")
+logits = model(input_ids)  # (B, T, V)
 """
 
 from zoo import adapters, attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)

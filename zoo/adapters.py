@@ -98,8 +98,16 @@ class LoRALinear(nn.Linear):
     (rows, r). Notation: N leading dims, in/out features, r rank.
     """
 
-    def __init__(self, base: nn.Linear, segments: Sequence[tuple[str, int]], adapted: Sequence[str], *,
-                 rank: int, alpha: float, dropout: float) -> None:
+    def __init__(
+        self,
+        base: nn.Linear,
+        segments: Sequence[tuple[str, int]],
+        adapted: Sequence[str],
+        *,
+        rank: int,
+        alpha: float,
+        dropout: float,
+    ) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: the base's parameters are reused, not allocated
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
@@ -171,8 +179,9 @@ def _compile(pattern: str, field: str) -> re.Pattern[str]:
     try:
         return re.compile(TARGETS.get(pattern, pattern))
     except re.error as err:
-        raise ConfigError(f"{field}: {pattern!r} is neither a target name ({', '.join(TARGETS)}) "
-                          f"nor a valid regex ({err})") from None
+        raise ConfigError(
+            f"{field}: {pattern!r} is neither a target name ({', '.join(TARGETS)}) nor a valid regex ({err})"
+        ) from None
 
 
 def resolve_targets(model: nn.Module, targets: Sequence[str]) -> dict[str, list[str]]:
@@ -197,7 +206,8 @@ def resolve_targets(model: nn.Module, targets: Sequence[str]) -> dict[str, list[
             raise ConfigError(
                 f"targets: {target!r} selects no layer of this {type(model).__name__}; valid names: "
                 f"{', '.join(TARGETS)}, or a regex over layer names such as {' or '.join(map(repr, examples))}."
-                f"{hint}")
+                f"{hint}"
+            )
     return {name: [s for s, _ in layers[name][2] if s in segs] for name, segs in chosen.items()}
 
 
@@ -206,12 +216,17 @@ def _matching_parameters(model: nn.Module, patterns: Sequence[str]) -> list[nn.P
     params, found = dict(model.named_parameters()), []
     for pattern in patterns:
         regex = _compile(pattern, "trainable")
-        hits = [p for name, p in params.items()
-                if any(regex.fullmatch(".".join(name.split(".")[:i])) for i in range(1, name.count(".") + 2))]
+        hits = [
+            p
+            for name, p in params.items()
+            if any(regex.fullmatch(".".join(name.split(".")[:i])) for i in range(1, name.count(".") + 2))
+        ]
         if not hits:
             example = next((n for n, _ in model.named_children()), "lm_head")
-            raise ConfigError(f"trainable: {pattern!r} matches no module or parameter of this "
-                              f"{type(model).__name__}; give a regex over module names, such as {example!r}")
+            raise ConfigError(
+                f"trainable: {pattern!r} matches no module or parameter of this "
+                f"{type(model).__name__}; give a regex over module names, such as {example!r}"
+            )
         found += hits
     return found
 
@@ -250,14 +265,27 @@ class LoRA(Adapter):
         layers = _linear_layers(model)
         for name, adapted in chosen.items():
             parent, attr, segments = layers[name]
-            setattr(parent, attr, LoRALinear(getattr(parent, attr), segments, adapted, rank=cfg.rank,
-                                             alpha=cfg.alpha, dropout=cfg.dropout))
+            setattr(
+                parent,
+                attr,
+                LoRALinear(
+                    getattr(parent, attr), segments, adapted, rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout
+                ),
+            )
         for p in extra:  # the same objects after wrapping: a wrapper keeps its base's parameters
             p.requires_grad_(True)
 
 
-def apply(model: nn.Module, name: str = "lora", *, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-          targets: Sequence[str] = DEFAULT_TARGETS, trainable: Sequence[str] = ()) -> nn.Module:
+def apply(
+    model: nn.Module,
+    name: str = "lora",
+    *,
+    rank: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    trainable: Sequence[str] = (),
+) -> nn.Module:
     """Add the ``name`` adapter to ``model`` in place and return it.
 
     Args:
@@ -351,12 +379,16 @@ def _load_tensors(model: nn.Module, tensors: dict[str, Tensor]) -> None:
     expected = trainable_parameters(model)
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"adapter tensors do not fit this {type(model).__name__}: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}; was it saved from a model of another config?")
+        raise CheckpointError(
+            f"adapter tensors do not fit this {type(model).__name__}: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}; was it saved from a model of another config?"
+        )
     for name, p in expected.items():
         if p.shape != tensors[name].shape:
-            raise CheckpointError(f"adapter tensor {name}: shape {tuple(tensors[name].shape)} in the state, "
-                                  f"{tuple(p.shape)} in this model; was it saved from a model of another config?")
+            raise CheckpointError(
+                f"adapter tensor {name}: shape {tuple(tensors[name].shape)} in the state, "
+                f"{tuple(p.shape)} in this model; was it saved from a model of another config?"
+            )
     with torch.no_grad():
         for name, p in expected.items():
             p.copy_(tensors[name])

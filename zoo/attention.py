@@ -75,10 +75,27 @@ Kernel = Callable[..., Tensor]
 
 
 @ATTENTION.register("sdpa")
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
-                   dropout_p: float, probe: nn.Module) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                          scale=scale, enable_gqa=bool(k.shape[1] != q.shape[1]))
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    probe: nn.Module,
+) -> Tensor:
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=bool(k.shape[1] != q.shape[1]),
+    )
 
 
 def _at(t: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
@@ -86,8 +103,9 @@ def _at(t: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
     return t[b if t.shape[0] > 1 else 0, h if t.shape[1] > 1 else 0, q, kv]
 
 
-def _flex_mods(mask: Tensor | None, is_causal: bool, shape: tuple[int, int, int, int],
-               device: torch.device) -> tuple[Callable | None, object | None]:
+def _flex_mods(
+    mask: Tensor | None, is_causal: bool, shape: tuple[int, int, int, int], device: torch.device
+) -> tuple[Callable | None, object | None]:
     """(score_mod, block_mask) for ``flex_attention`` that compute what ``mask`` (as ``math`` reads
     it) or ``is_causal`` would; None where nothing is masked or added. shape: (B, H, Tq, Tk)."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -96,8 +114,10 @@ def _flex_mods(mask: Tensor | None, is_causal: bool, shape: tuple[int, int, int,
     if mask is None and not is_causal:
         return None, None
     if is_causal:
+
         def causal(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
             return kv <= q
+
         return None, create_block_mask(causal, None, None, Tq, Tk, device=device)
     full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B or 1, H or 1, Tq or 1, Tk)
     full = full.expand(*full.shape[:2], Tq, Tk)
@@ -121,13 +141,22 @@ def _compiled_flex() -> Callable[..., Tensor]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _run_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, block_mask: BlockMask | None, *,
-              scale: float, dropout_p: float) -> Tensor:
+def _run_flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score_mod: ScoreMod | None,
+    block_mask: BlockMask | None,
+    *,
+    scale: float,
+    dropout_p: float,
+) -> Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     if dropout_p:
-        raise ValueError(f"attention='flex' has no attention dropout (got p={dropout_p}); set attn_dropout=0 "
-                         "or use attention='sdpa'")
+        raise ValueError(
+            f"attention='flex' has no attention dropout (got p={dropout_p}); set attn_dropout=0 or use attention='sdpa'"
+        )
     gqa = bool(k.shape[1] != q.shape[1])
     if q.is_cuda and not torch.compiler.is_compiling():
         return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
@@ -137,8 +166,17 @@ def _run_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, block
 
 
 @ATTENTION.register("flex")
-def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
-                          dropout_p: float, probe: nn.Module) -> Tensor:
+def flex_attention_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    probe: nn.Module,
+) -> Tensor:
     """The dense inputs of a cached forward, converted (a full forward comes as FlexMods instead)."""
     score_mod, block_mask = _flex_mods(mask, is_causal, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
     return _run_flex(q, k, v, score_mod, block_mask, scale=scale, dropout_p=dropout_p)
@@ -164,16 +202,27 @@ def _flex_check(cfg: ModelConfig) -> None:
     not at its first training step."""
     dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
     if dropout:
-        raise ConfigError(f"attention=flex has no attention dropout (attn_dropout={dropout}); set "
-                          "model.attn_dropout=0 (dropout elsewhere stays) or choose attention=sdpa")
+        raise ConfigError(
+            f"attention=flex has no attention dropout (attn_dropout={dropout}); set "
+            "model.attn_dropout=0 (dropout elsewhere stays) or choose attention=sdpa"
+        )
 
 
 flex_attention_kernel.check = _flex_check  # ModelConfig.validate asks each chosen component
 
 
 @ATTENTION.register("auto")
-def auto_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
-                   dropout_p: float, probe: nn.Module) -> Tensor:
+def auto_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    probe: nn.Module,
+) -> Tensor:
     """``sdpa`` for the forwards that :func:`flex_applies` leaves to it; the others come as FlexMods."""
     return sdpa_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p, probe=probe)
 
@@ -182,8 +231,17 @@ auto_attention.flex_mods = flex_applies
 
 
 @ATTENTION.register("math")
-def math_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, is_causal: bool, scale: float,
-                   dropout_p: float, probe: nn.Module) -> Tensor:
+def math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    probe: nn.Module,
+) -> Tensor:
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1)  # (B, H, Tk, hd)
     v = v.repeat_interleave(groups, dim=1)
@@ -204,8 +262,19 @@ class Attention(nn.Module):
     made, so parameters keep the order of the state_dict and of the seeded init).
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool,
-                 out_bias: bool, dropout: float = 0.0, scale: float | None = None, kernel: str = "sdpa") -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        qkv_bias: bool,
+        out_bias: bool,
+        dropout: float = 0.0,
+        scale: float | None = None,
+        kernel: str = "sdpa",
+    ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
@@ -238,10 +307,17 @@ class Attention(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Attention:
-        return cls(cfg.d_model, cfg.n_heads, cfg.resolved_n_kv_heads, cfg.resolved_head_dim,
-                   qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, out_bias=cfg.bias,
-                   dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
-                   scale=cfg.attn_scale, kernel=cfg.attention)
+        return cls(
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.resolved_n_kv_heads,
+            cfg.resolved_head_dim,
+            qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
+            out_bias=cfg.bias,
+            dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
+            scale=cfg.attn_scale,
+            kernel=cfg.attention,
+        )
 
     def reads_flex_mods(self, device_type: str, *, cached: bool, dense: bool) -> bool:
         """Whether this forward's kernel takes FlexMods (see :func:`flex_applies`) rather than a dense mask."""
@@ -258,15 +334,16 @@ class Attention(nn.Module):
         B, _, T, _ = q.shape
         dropout_p = self.dropout if self.training else 0.0
         if inputs.flex is not None:  # the stack asked reads_flex_mods: only flex-capable kernels get here
-            y = _run_flex(q, k, v, inputs.flex.score_mod, inputs.flex.block_mask, scale=self.scale,
-                          dropout_p=dropout_p)  # (B, H, Tq, hd)
+            y = _run_flex(
+                q, k, v, inputs.flex.score_mod, inputs.flex.block_mask, scale=self.scale, dropout_p=dropout_p
+            )  # (B, H, Tq, hd)
             return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         mask = inputs.mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
         y = self._kernel_fn(
-            q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale,
-            dropout_p=dropout_p, probe=self.probe)  # (B, H, Tq, hd)
+            q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale, dropout_p=dropout_p, probe=self.probe
+        )  # (B, H, Tq, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -304,8 +381,9 @@ class CrossAttention(Attention):
     def query_weight(self) -> Tensor:
         return self.q.weight
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None,
-                memory: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None, memory: Tensor | None = None
+    ) -> Tensor:
         """x: (B, Tq, D); memory: (B, Tk, D), needed unless the cache holds its keys and values.
         Returns (B, Tq, D)."""
         q = self._heads(self.q(x), self.n_heads)

@@ -30,23 +30,40 @@ from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
 class Block(nn.Module):
     """Self-attention, optional cross-attention, then the FFN; each inside its residual placement."""
 
-    def __init__(self, *, attn: SelfAttention, ffn: nn.Module, attn_res: nn.Module, ffn_res: nn.Module,
-                 cross_attn: CrossAttention | None = None, cross_res: nn.Module | None = None,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        attn: SelfAttention,
+        ffn: nn.Module,
+        attn_res: nn.Module,
+        ffn_res: nn.Module,
+        cross_attn: CrossAttention | None = None,
+        cross_res: nn.Module | None = None,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.attn, self.attn_res = attn, attn_res
         self.cross_attn, self.cross_res = cross_attn, cross_res
         self.ffn, self.ffn_res = ffn, ffn_res
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: Cache | None = None, layer: int = 0,
-                memory: Tensor | None = None, memory_inputs: AttentionInputs | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        inputs: AttentionInputs,
+        *,
+        cache: Cache | None = None,
+        layer: int = 0,
+        memory: Tensor | None = None,
+        memory_inputs: AttentionInputs | None = None,
+    ) -> Tensor:
         self_cache = None if cache is None else cache.self_attn[layer]
         x = self.attn_res(x, lambda h: self.drop(self.attn(h, inputs, cache=self_cache)))
         if self.cross_attn is not None:
             cross_cache = None if cache is None else cache.cross_attn[layer]
-            x = self.cross_res(x, lambda h: self.drop(
-                self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory)))
+            x = self.cross_res(
+                x, lambda h: self.drop(self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory))
+            )
         return self.ffn_res(x, lambda h: self.drop(self.ffn(h)))
 
 
@@ -87,8 +104,7 @@ class Stack(nn.Module):
     def __init__(self, cfg: ModelConfig, *, n_layers: int, mask: str, cross: bool = False) -> None:
         super().__init__()
         self.mask = MASK.get(mask, field="mask").from_config(cfg)
-        self.position: Position = POSITION.get(cfg.position, field="position").from_config(
-            cfg, causal=self.mask.causal)
+        self.position: Position = POSITION.get(cfg.position, field="position").from_config(cfg, causal=self.mask.causal)
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
         self.embed_norm = build_norm(cfg) if placement.embedding_norm else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -96,10 +112,18 @@ class Stack(nn.Module):
         self.final_norm = build_norm(cfg) if placement.final_norm else None
         self.checkpoint_every = cfg.checkpoint_every
 
-    def forward(self, x: Tensor, *, padding_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                prefix_len: int | Tensor | None = None, cache: Cache | None = None,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                document_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
+        cache: Cache | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Tensor:
         """x: (B, T, D) embedded tokens. padding_mask: (B, P+T), 1 = token, 0 = padding.
         position_ids: (T,) or (B, T); default P..P+T-1, or each position's offset within its document
         when ``document_ids`` (B, T) is given (mask='document': packed rows, no KV cache).
@@ -109,8 +133,9 @@ class Stack(nn.Module):
         past = 0 if cache is None else cache.offset
         end = cache.capacity if static else past + T  # positions a query may find among the keys
         if self.position.max_len is not None and end > self.position.max_len:
-            raise ValueError(f"sequence of {end} positions exceeds max_seq_len={self.position.max_len} "
-                             "of the learned position table")
+            raise ValueError(
+                f"sequence of {end} positions exceeds max_seq_len={self.position.max_len} of the learned position table"
+            )
         q_pos = torch.arange(T, device=x.device) + past  # (T,) absolute query positions
         if document_ids is not None and (static or past):
             raise ValueError("document_ids cannot be used with a filled KV cache: decode one document at a time")
@@ -123,8 +148,16 @@ class Stack(nn.Module):
             x = self.embed_norm(x)
         x = self.drop(x)
 
-        inputs = self._self_attention_inputs(past, q_pos, padding_mask, prefix_len, document_ids,
-                                             keys=end if static else None, cached=cache is not None, batch=B)
+        inputs = self._self_attention_inputs(
+            past,
+            q_pos,
+            padding_mask,
+            prefix_len,
+            document_ids,
+            keys=end if static else None,
+            cached=cache is not None,
+            batch=B,
+        )
         inputs.rotary = self.position.rotary(position_ids)
         memory_inputs = None
         if self.blocks and self.blocks[0].cross_attn is not None:
@@ -133,8 +166,16 @@ class Stack(nn.Module):
         every = self.checkpoint_every if self.checkpointing(cache) else 0
         for i, block in enumerate(self.blocks):
             if every and i % every == 0:  # keep the block's inputs only; recompute it in backward
-                x = checkpoint(block, x, inputs, use_reentrant=False, cache=cache, layer=i, memory=memory,
-                               memory_inputs=memory_inputs)
+                x = checkpoint(
+                    block,
+                    x,
+                    inputs,
+                    use_reentrant=False,
+                    cache=cache,
+                    layer=i,
+                    memory=memory,
+                    memory_inputs=memory_inputs,
+                )
             else:
                 x = block(x, inputs, cache=cache, layer=i, memory=memory, memory_inputs=memory_inputs)
         return x if self.final_norm is None else self.final_norm(x)
@@ -144,9 +185,18 @@ class Stack(nn.Module):
         records, and no KV cache is in use (decoding never recomputes)."""
         return bool(self.checkpoint_every) and self.training and torch.is_grad_enabled() and cache is None
 
-    def _self_attention_inputs(self, past: int | Tensor, q_pos: Tensor, padding_mask: Tensor | None,
-                               prefix_len: int | Tensor | None, document_ids: Tensor | None = None, *,
-                               keys: int | None = None, cached: bool = False, batch: int = 1) -> AttentionInputs:
+    def _self_attention_inputs(
+        self,
+        past: int | Tensor,
+        q_pos: Tensor,
+        padding_mask: Tensor | None,
+        prefix_len: int | Tensor | None,
+        document_ids: Tensor | None = None,
+        *,
+        keys: int | None = None,
+        cached: bool = False,
+        batch: int = 1,
+    ) -> AttentionInputs:
         """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
         form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf;
         or, where every layer's kernel reads them (``Attention.reads_flex_mods``), FlexMods.
@@ -157,8 +207,9 @@ class Stack(nn.Module):
         keep = _padding(padding_mask)  # (B, P+T) or (B, keys), or None
         plain = keep is None and document_ids is None and keys is None
         dense = not (plain and not self.position.has_bias and (self.mask.kernel_causal or self.mask.bidirectional))
-        if self.blocks and all(block.attn.reads_flex_mods(q_pos.device.type, cached=cached, dense=dense)
-                               for block in self.blocks):
+        if self.blocks and all(
+            block.attn.reads_flex_mods(q_pos.device.type, cached=cached, dense=dense) for block in self.blocks
+        ):
             return self._flex_inputs(q_pos, keep, prefix_len, document_ids, batch=batch)
         if plain and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:
@@ -181,8 +232,15 @@ class Stack(nn.Module):
             return AttentionInputs(mask=allowed)
         return AttentionInputs(mask=bias.masked_fill(~allowed, float("-inf")))
 
-    def _flex_inputs(self, q_pos: Tensor, keep: Tensor | None, prefix_len: int | Tensor | None,
-                     document_ids: Tensor | None, *, batch: int) -> AttentionInputs:
+    def _flex_inputs(
+        self,
+        q_pos: Tensor,
+        keep: Tensor | None,
+        prefix_len: int | Tensor | None,
+        document_ids: Tensor | None,
+        *,
+        batch: int,
+    ) -> AttentionInputs:
         """What ``_self_attention_inputs`` builds, as FlexMods for a full forward (no cache: queries and
         keys are positions 0..T-1, so q_idx and kv_idx are positions). The block mask is made here,
         once per forward, for every layer. On CUDA ``create_block_mask`` is compiled (torch's advice for
@@ -197,10 +255,14 @@ class Stack(nn.Module):
             mask_mod = _with_padding(mask_mod, keep)
         block_mask = None
         if mask_mod is not None:
-            per_row = keep is not None or document_ids is not None or (
-                isinstance(prefix_len, Tensor) and prefix_len.dim() == 1)
-            block_mask = create_block_mask(mask_mod, batch if per_row else None, None, T, T, device=device,
-                                           _compile=device.type == "cuda")
+            per_row = (
+                keep is not None
+                or document_ids is not None
+                or (isinstance(prefix_len, Tensor) and prefix_len.dim() == 1)
+            )
+            block_mask = create_block_mask(
+                mask_mod, batch if per_row else None, None, T, T, device=device, _compile=device.type == "cuda"
+            )
         return AttentionInputs(flex=FlexMods(self.position.score_mod(device), block_mask))
 
 

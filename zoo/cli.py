@@ -13,8 +13,16 @@ from rich.table import Table
 from zoo.presets import list_models
 from zoo.stats import stats
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "int8": torch.int8, "float8": torch.float8_e4m3fn}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "int8": torch.int8,
+    "float8": torch.float8_e4m3fn,
+}
 
 
 def _human(n: float, unit: str = "", prefixes: str = " KMGTPE") -> str:
@@ -38,8 +46,12 @@ def info_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=positive_int, default=None, help="context length (default: the preset's)")
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--kv-dtype", default=None, choices=["int8"],
-                        help="the KV cache stored as int8 with a scale per head and position (default: --dtype)")
+    parser.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=["int8"],
+        help="the KV cache stored as int8 with a scale per head and position (default: --dtype)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
@@ -47,12 +59,15 @@ def info_main(argv: list[str] | None = None) -> None:
     for pattern in args.models or ["*"]:
         matched = list_models(pattern)
         if not matched:
-            print(f"zoo: ConfigError: no preset matches {pattern!r}; presets: {', '.join(list_models())}",
-                  file=sys.stderr)
+            print(
+                f"zoo: ConfigError: no preset matches {pattern!r}; presets: {', '.join(list_models())}", file=sys.stderr
+            )
             sys.exit(2)
         names += [n for n in matched if n not in names]
-    rows = [stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype], kv_dtype=args.kv_dtype)
-            for n in names]
+    rows = [
+        stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype], kv_dtype=args.kv_dtype)
+        for n in names
+    ]
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
@@ -60,9 +75,15 @@ def info_main(argv: list[str] | None = None) -> None:
     for column in ("model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
-        table.add_row(r.name, _human(r.params, prefixes=" KMBT"), _human(r.non_embedding_params, prefixes=" KMBT"),
-                      f"{r.seq_len:,}", _human(r.flops_per_token_forward), _human(r.flops_per_token_train),
-                      _human(r.kv_cache_bytes, "B"))
+        table.add_row(
+            r.name,
+            _human(r.params, prefixes=" KMBT"),
+            _human(r.non_embedding_params, prefixes=" KMBT"),
+            f"{r.seq_len:,}",
+            _human(r.flops_per_token_forward),
+            _human(r.flops_per_token_train),
+            _human(r.kv_cache_bytes, "B"),
+        )
     Console().print(table)
 
 

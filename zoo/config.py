@@ -135,10 +135,14 @@ class ModelConfig:
         The rules every model shares are here; each chosen component (its ``check`` classmethod, where
         it has one) and the form (``form.check``) add their own."""
         form = self.form
-        components = (POSITION.get(self.position, field="position"), NORM.get(self.norm, field="norm"),
-                      NORM_PLACEMENT.get(self.norm_placement, field="norm_placement"),
-                      FFN.get(self.ffn, field="ffn"), ATTENTION.get(self.attention, field="attention"),
-                      MASK.get(self.resolved_mask, field="mask"))
+        components = (
+            POSITION.get(self.position, field="position"),
+            NORM.get(self.norm, field="norm"),
+            NORM_PLACEMENT.get(self.norm_placement, field="norm_placement"),
+            FFN.get(self.ffn, field="ffn"),
+            ATTENTION.get(self.attention, field="attention"),
+            MASK.get(self.resolved_mask, field="mask"),
+        )
         self._check_sizes()
         for component in components:
             check = getattr(component, "check", None)  # a user's component need not have one
@@ -153,9 +157,21 @@ class ModelConfig:
         return self
 
     def _check_sizes(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_multiple_of", "rel_buckets",
-                     "rel_max_distance", "n_kv_heads", "head_dim", "d_ff", "n_encoder_layers",
-                     "n_decoder_layers", "max_seq_len"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "ffn_multiple_of",
+            "rel_buckets",
+            "rel_max_distance",
+            "n_kv_heads",
+            "head_dim",
+            "d_ff",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "max_seq_len",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
@@ -183,13 +199,16 @@ class ModelConfig:
         every = policy.removeprefix("every_")
         if policy.startswith("every_") and every.isdigit() and int(every) > 0:
             return int(every)
-        raise ConfigError(f"activation_checkpointing={self.activation_checkpointing!r}: choose none, all (true) or "
-                          f"every_<k> (every k-th block, e.g. every_2)")
+        raise ConfigError(
+            f"activation_checkpointing={self.activation_checkpointing!r}: choose none, all (true) or "
+            f"every_<k> (every k-th block, e.g. every_2)"
+        )
 
     def _check_values(self) -> None:
         self.checkpoint_every  # noqa: B018  (raises for an unknown policy)
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
-                                        or self.window <= 0):
+        if self.window is not None and (
+            isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0
+        ):
             raise ConfigError(f"window={self.window!r} must be a positive integer (the positions a query sees)")
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
@@ -237,13 +256,21 @@ def _as_float(name: str, value: int | float) -> float:
     try:
         return float(value)
     except OverflowError:
-        raise ConfigError(f"{name}: an integer of {value.bit_length()} bits is too large for a number; write a "
-                          f"float such as 1e30") from None
+        raise ConfigError(
+            f"{name}: an integer of {value.bit_length()} bits is too large for a number; write a float such as 1e30"
+        ) from None
 
 
 _WANTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
-_FOUND = {int: "an integer", float: "a float", bool: "a bool", str: "a string", type(None): "null", list: "a list",
-          dict: "a mapping"}
+_FOUND = {
+    int: "an integer",
+    float: "a float",
+    bool: "a bool",
+    str: "a string",
+    type(None): "null",
+    list: "a list",
+    dict: "a mapping",
+}
 
 
 def _check_fields(values: Mapping[str, Any]) -> None:

@@ -79,15 +79,22 @@ class Steps:
         return self.ids
 
 
-def _decoder_logits(model: DecoderModel, ids: Tensor, mask: Tensor | None, positions: Tensor | None,
-                    prefix_len: int | None, cache: Cache | None) -> Tensor:
+def _decoder_logits(
+    model: DecoderModel,
+    ids: Tensor,
+    mask: Tensor | None,
+    positions: Tensor | None,
+    prefix_len: int | None,
+    cache: Cache | None,
+) -> Tensor:
     """Next-token logits (B, V) after ``ids`` (B, T); the decoder's step, compiled for a static cache."""
     hidden = model.features(ids, mask, position_ids=positions, prefix_len=prefix_len, cache=cache)  # (B, T, D)
     return model.logits(hidden[:, -1])
 
 
-def _decoder_start(model: EncoderDecoderModel, ids: Tensor, memory: Tensor, src_mask: Tensor | None,
-                   cache: Cache | None) -> Tensor:
+def _decoder_start(
+    model: EncoderDecoderModel, ids: Tensor, memory: Tensor, src_mask: Tensor | None, cache: Cache | None
+) -> Tensor:
     """Next-token logits (B, V) after the target ``ids`` (B, T); the decoder's step, compiled for a
     static cache (whose cross-attention already holds the encoder's keys and values)."""
     hidden = model.decoder_features(ids, memory, src_mask, cache=cache)  # (B, T, D)
@@ -167,8 +174,9 @@ class EncoderDecoderSteps(Steps):
     def held(cls, width: int) -> int:
         return 1
 
-    def __init__(self, model: EncoderDecoderModel, src: Tensor, src_mask: Tensor, caching: str | None,
-                 max_new: int) -> None:
+    def __init__(
+        self, model: EncoderDecoderModel, src: Tensor, src_mask: Tensor, caching: str | None, max_new: int
+    ) -> None:
         self.model, self.caching = model, caching
         self.src_mask = None if bool(src_mask.all()) else src_mask  # None: no padding to mask at any step
         self.memory = model.encode(src, self.src_mask)  # (B, S, D)

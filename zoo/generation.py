@@ -46,8 +46,9 @@ class GenerationLimitWarning(UserWarning):
     """``generate`` stopped before ``max_new_tokens``: the model's positions end there."""
 
 
-def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.device | None = None
-                  ) -> tuple[Tensor, Tensor]:
+def pad_sequences(
+    seqs: Prompts, pad_id: int, *, left: bool, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
     """Lists of token ids -> (ids, mask), both (B, T_max); mask is 1 on tokens, 0 on padding."""
     if isinstance(seqs, Tensor):
         return seqs, torch.ones_like(seqs)
@@ -63,8 +64,9 @@ def pad_sequences(seqs: Prompts, pad_id: int, *, left: bool, device: torch.devic
     return ids.to(device), mask.to(device)
 
 
-def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None) -> Tensor:
+def filter_logits(
+    logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
     """Temperature, then keep the k most likely tokens, then the smallest set whose probability
     reaches top_p (Holtzman et al. 2020); everything else gets -inf. (B, V) -> (B, V).
 
@@ -72,8 +74,9 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None
     1 or None keeps every token. ``temperature`` must be > 0 here: ``generate`` reads 0 as greedy."""
     check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     if temperature == 0:
-        raise ConfigError("temperature=0 cannot scale logits; generate() decodes greedily at 0, filter_logits "
-                          "needs temperature > 0")
+        raise ConfigError(
+            "temperature=0 cannot scale logits; generate() decodes greedily at 0, filter_logits needs temperature > 0"
+        )
     logits = logits.float() / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
@@ -86,8 +89,14 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None
     return logits
 
 
-def check_sampling(*, temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float = 1.0,
-                   no_repeat_ngram_size: int = 0) -> None:
+def check_sampling(
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
+) -> None:
     """Raise a ConfigError naming the first sampling or repeat setting (zoo.logits) that cannot work."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
         raise ConfigError(f"temperature={temperature!r} must be a number >= 0 (0 decodes greedily)")
@@ -97,8 +106,9 @@ def check_sampling(*, temperature: float, top_k: int | None, top_p: float | None
         raise ConfigError(f"top_p={top_p!r} must be in (0, 1] (1 or null: no nucleus filter)")
     penalty, size = repetition_penalty, no_repeat_ngram_size
     if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not 0 < penalty < math.inf:
-        raise ConfigError(f"repetition_penalty={penalty!r} must be a finite number > 0 (1: off; > 1 discourages "
-                          f"repeats)")
+        raise ConfigError(
+            f"repetition_penalty={penalty!r} must be a finite number > 0 (1: off; > 1 discourages repeats)"
+        )
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
         raise ConfigError(f"no_repeat_ngram_size={size!r} must be a whole number >= 0 (0: off)")
 
@@ -108,9 +118,11 @@ def _check_beams(num_beams: int, vocab_size: int, new: int) -> None:
     beams beyond them repeat others, and a huge count only runs long."""
     if num_beams > 1 and new > 0 and new * math.log(vocab_size) < math.log(num_beams):
         most = vocab_size**new
-        raise ConfigError(f"num_beams={num_beams} is more than the {most} distinct continuations of {new} new tokens "
-                          f"over the model's {vocab_size}-token vocabulary: the other beams cannot be distinct; use at "
-                          f"most {most} (4 to 8 is usual)")
+        raise ConfigError(
+            f"num_beams={num_beams} is more than the {most} distinct continuations of {new} new tokens "
+            f"over the model's {vocab_size}-token vocabulary: the other beams cannot be distinct; use at "
+            f"most {most} (4 to 8 is usual)"
+        )
 
 
 def _check_counts(max_new_tokens: int, num_beams: int) -> None:
@@ -127,12 +139,26 @@ class GenerationMixin:
         return position_limit(self.config)
 
     @torch.no_grad()
-    def generate(self, input_ids: Prompts, max_new_tokens: int = 20, *, attention_mask: Tensor | None = None,
-                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, num_beams: int = 1, length_penalty: float = 1.0,
-                 repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, eos_token_id: int | None = -1,
-                 pad_token_id: int | None = None, use_cache: bool = True, compile: bool = False,
-                 generator: torch.Generator | None = None) -> Tensor:
+    def generate(
+        self,
+        input_ids: Prompts,
+        max_new_tokens: int = 20,
+        *,
+        attention_mask: Tensor | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        eos_token_id: int | None = -1,
+        pad_token_id: int | None = None,
+        use_cache: bool = True,
+        compile: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         """Continue ``input_ids`` by up to ``max_new_tokens`` tokens.
 
         Args:
@@ -169,8 +195,13 @@ class GenerationMixin:
         _check_counts(max_new_tokens, num_beams)
         if compile and not use_cache:
             raise ConfigError("compile=True decodes with a static KV cache; set use_cache=True (or compile=False)")
-        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                       no_repeat_ngram_size=no_repeat_ngram_size)
+        check_sampling(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+        )
         repeats = RepeatControls(float(repetition_penalty), int(no_repeat_ngram_size))
         do_sample = do_sample and temperature > 0
         eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
@@ -183,19 +214,49 @@ class GenerationMixin:
         self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
         caching = "static" if compile else "dynamic" if use_cache else None
         started = time.perf_counter()
-        out = self._decode(steps_cls, ids, mask, new, num_beams=num_beams, caching=caching, eos=eos, pad=pad,
-                           length_penalty=length_penalty, repeats=repeats, do_sample=do_sample,
-                           temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        out = self._decode(
+            steps_cls,
+            ids,
+            mask,
+            new,
+            num_beams=num_beams,
+            caching=caching,
+            eos=eos,
+            pad=pad,
+            length_penalty=length_penalty,
+            repeats=repeats,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=generator,
+        )
         count_generated((out.shape[1] - start) * out.shape[0], time.perf_counter() - started)
         if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
-            warnings.warn(f"generation stopped after {new} of max_new_tokens={max_new_tokens} new tokens: the model "
-                          f"numbers at most {self.max_positions} positions (max_seq_len) and {steps_cls.holds} took "
-                          f"{start}", GenerationLimitWarning, stacklevel=3)
+            warnings.warn(
+                f"generation stopped after {new} of max_new_tokens={max_new_tokens} new tokens: the model "
+                f"numbers at most {self.max_positions} positions (max_seq_len) and {steps_cls.holds} took "
+                f"{start}",
+                GenerationLimitWarning,
+                stacklevel=3,
+            )
         return out
 
-    def _decode(self, steps_cls: type[Steps], ids: Tensor, mask: Tensor, new: int, *, num_beams: int,
-                caching: str | None, eos: int | None, pad: int, length_penalty: float, repeats: RepeatControls,
-                **sampling: Any) -> Tensor:
+    def _decode(
+        self,
+        steps_cls: type[Steps],
+        ids: Tensor,
+        mask: Tensor,
+        new: int,
+        *,
+        num_beams: int,
+        caching: str | None,
+        eos: int | None,
+        pad: int,
+        length_penalty: float,
+        repeats: RepeatControls,
+        **sampling: Any,
+    ) -> Tensor:
         """Up to ``new`` tokens after ``ids`` (B, T), in eval mode: beam search for ``num_beams`` > 1,
         else greedy or sampled (``sampling``: the keywords of ``_sample``). ``caching``: None (recompute
         every step), "dynamic" or "static" (zoo.decoding)."""
@@ -225,8 +286,10 @@ class GenerationMixin:
         if limit is None:
             return max_new
         if width > limit:
-            raise PromptError(f"the {what} is {width} tokens long but the model's positions end at {limit} "
-                              f"(max_seq_len={limit}); shorten it")
+            raise PromptError(
+                f"the {what} is {width} tokens long but the model's positions end at {limit} "
+                f"(max_seq_len={limit}); shorten it"
+            )
         return min(max_new, limit - start)
 
     def _check_memory(self, rows: int, start: int, new: int, max_new: int, device: torch.device) -> None:
@@ -242,14 +305,17 @@ class GenerationMixin:
         if (start + new) * per_position <= free:
             return
         fits = max(0, free // per_position - start)
-        raise ConfigError(f"max_new_tokens={max_new} cannot fit: {rows} sequence(s) of {start + new} positions "
-                          f"need {(start + new) * per_position / 2**30:.3g} GiB for keys, values and ids, and "
-                          f"{device.type} has {free / 2**30:.3g} GiB free; at most {fits} new tokens fit "
-                          f"(fewer prompts or beams leave room for more)")
+        raise ConfigError(
+            f"max_new_tokens={max_new} cannot fit: {rows} sequence(s) of {start + new} positions "
+            f"need {(start + new) * per_position / 2**30:.3g} GiB for keys, values and ids, and "
+            f"{device.type} has {free / 2**30:.3g} GiB free; at most {fits} new tokens fit "
+            f"(fewer prompts or beams leave room for more)"
+        )
 
 
-def _prompts(input_ids: Prompts, attention_mask: Tensor | None, pad: int, left: bool, device: torch.device
-             ) -> tuple[Tensor, Tensor]:
+def _prompts(
+    input_ids: Prompts, attention_mask: Tensor | None, pad: int, left: bool, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """The prompts as (ids, mask), both (B, T), padded on the ``left`` or the right; a PromptError
     for none or one without tokens."""
     ids, mask = pad_sequences(input_ids, pad, left=left, device=device)
@@ -265,8 +331,10 @@ def _check_prompts(mask: Tensor) -> None:
         raise PromptError("input_ids holds no prompts; pass at least one sequence of token ids")
     empty = (mask.sum(-1) == 0).nonzero()[:, 0].tolist()
     if empty:
-        raise PromptError(f"prompt {empty[0]} of input_ids has no tokens ({len(empty)} empty in all); give "
-                          f"every prompt at least one token")
+        raise PromptError(
+            f"prompt {empty[0]} of input_ids has no tokens ({len(empty)} empty in all); give "
+            f"every prompt at least one token"
+        )
 
 
 def _stopped_by_length(generated: Tensor, new: int, eos: int | None) -> bool:
@@ -301,8 +369,19 @@ def _available_ram() -> int | None:
         return None
 
 
-def _sample(steps: Steps, max_new: int, eos: int | None, pad: int, repeats: RepeatControls, *, do_sample: bool,
-            temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None) -> Tensor:
+def _sample(
+    steps: Steps,
+    max_new: int,
+    eos: int | None,
+    pad: int,
+    repeats: RepeatControls,
+    *,
+    do_sample: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> Tensor:
     """Greedy or sampled decoding; ``repeats`` act on the raw logits, before temperature, top-k, top-p."""
     if max_new == 0:
         return steps.output()
@@ -325,8 +404,16 @@ def _sample(steps: Steps, max_new: int, eos: int | None, pad: int, repeats: Repe
     return steps.output()
 
 
-def _beam_search(steps: Steps, batch: int, K: int, max_new: int, eos: int | None, pad: int,
-                 length_penalty: float, repeats: RepeatControls) -> Tensor:
+def _beam_search(
+    steps: Steps,
+    batch: int,
+    K: int,
+    max_new: int,
+    eos: int | None,
+    pad: int,
+    length_penalty: float,
+    repeats: RepeatControls,
+) -> Tensor:
     """Keep the K best prefixes per source by total log-probability; a prefix ending in eos becomes
     a finished hypothesis scored by logprob / length**length_penalty. A source is done when it has K
     hypotheses and no live beam can beat the worst of them at its current length. ``repeats`` act on

@@ -40,8 +40,9 @@ def capture_attention(model: nn.Module) -> Iterator[dict[str, Tensor]]:
     handles = []
     for name, layer in layers.items():
         layer.kernel = "math"
-        handles.append(layer.probe.register_forward_hook(
-            lambda _m, _inp, out, name=name: captured.__setitem__(name, out.detach())))
+        handles.append(
+            layer.probe.register_forward_hook(lambda _m, _inp, out, name=name: captured.__setitem__(name, out.detach()))
+        )
     try:
         yield captured
     finally:
@@ -67,6 +68,7 @@ def attention_kind(name: str) -> str:
 def layers_by_kind(captured: Mapping[str, Tensor]) -> dict[str, list[str]]:
     """Module names grouped by :func:`attention_kind`, each group in layer order (blocks.2 before
     blocks.10); kinds absent from ``captured`` are left out."""
+
     def layer(name: str) -> int:
         found = re.search(r"\.blocks\.(\d+)\.", name)
         return int(found.group(1)) if found else -1
@@ -207,5 +209,10 @@ def head_stats(probs: Tensor, *, visible: Tensor | None = None, self_attention: 
         prev_mass = mean_over_rows(prev, has_prev)
     else:
         self_mass, prev_mass = nan, nan.clone()
-    return HeadStats(entropy=mean_over_rows(entropy, informative), norm_entropy=mean_over_rows(normalised, informative),
-                     first_mass=mean_over_rows(probs[..., 0], informative), self_mass=self_mass, prev_mass=prev_mass)
+    return HeadStats(
+        entropy=mean_over_rows(entropy, informative),
+        norm_entropy=mean_over_rows(normalised, informative),
+        first_mass=mean_over_rows(probs[..., 0], informative),
+        self_mass=self_mass,
+        prev_mass=prev_mass,
+    )

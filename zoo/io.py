@@ -112,8 +112,10 @@ def load_weights_file(path: str | os.PathLike, map_location: Any = "cpu", *, wha
     whose message names the file (``what`` says which kind of file was expected)."""
     text = os.fspath(path)
     if "://" in text:
-        raise CheckpointError(f"{text}: {what} URLs are not read (a download would bypass the weights-only check); "
-                              f"download the file first and pass its local path")
+        raise CheckpointError(
+            f"{text}: {what} URLs are not read (a download would bypass the weights-only check); "
+            f"download the file first and pass its local path"
+        )
     path = Path(text).expanduser()
     if not path.exists():
         raise CheckpointError(f"{path}: no such {what} file; check the path")
@@ -126,18 +128,20 @@ def load_weights_file(path: str | os.PathLike, map_location: Any = "cpu", *, wha
     with open(path, "rb") as f:
         head = f.read(4)
     if head[:2] != b"PK" and head[:1] != b"\x80":  # a zip archive (torch.save) or a legacy pickle
-        raise CheckpointError(f"{path} is not a {what} written by torch.save (it starts with {head!r}); "
-                              f"check the path")
+        raise CheckpointError(f"{path} is not a {what} written by torch.save (it starts with {head!r}); check the path")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:  # torch's own message suggests weights_only=False: never do that
         found = re.search(r"GLOBAL ([\w.]+)", str(error))
         what = f"it names {found.group(1)}" if found else "it is not plain data"
-        raise CheckpointError(f"{path} holds objects other than plain data and tensors, which zoo never unpickles "
-                              f"({what}); load only checkpoints that zoo wrote") from None
+        raise CheckpointError(
+            f"{path} holds objects other than plain data and tensors, which zoo never unpickles "
+            f"({what}); load only checkpoints that zoo wrote"
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: the {what} file is damaged or truncated ({_short(str(error))}); "
-                              f"use another checkpoint") from None
+        raise CheckpointError(
+            f"{path}: the {what} file is damaged or truncated ({_short(str(error))}); use another checkpoint"
+        ) from None
 
 
 def _short(message: str, limit: int = 160) -> str:
@@ -190,8 +194,9 @@ def check_folder_path(folder: Path) -> None:
     """Raise a FileExistsError (its message names the path and the fix) unless ``folder`` can become
     a folder that zoo fills: not a symbolic link, not a file, and not below a file."""
     if folder.is_symlink():
-        raise FileExistsError(f"{folder} is a symbolic link; pass the folder it points to ({os.readlink(folder)}) or "
-                              f"a new path")
+        raise FileExistsError(
+            f"{folder} is a symbolic link; pass the folder it points to ({os.readlink(folder)}) or a new path"
+        )
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{folder} is a file, not a folder; choose a folder (it is created if missing)")
     for parent in folder.parents:
@@ -218,8 +223,9 @@ def atomic_folder(folder: str | os.PathLike, *, merge: bool = False, last: Seque
         raise FileExistsError(f"{folder}: exists and is not an empty folder; choose a new one (nothing is overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
-        stage = Path(tempfile.mkdtemp(prefix=_stage_prefix(folder) + f"{os.getpid()}-", suffix=".tmp",
-                                      dir=folder.parent))
+        stage = Path(
+            tempfile.mkdtemp(prefix=_stage_prefix(folder) + f"{os.getpid()}-", suffix=".tmp", dir=folder.parent)
+        )
     except OSError as error:
         raise OSError(error.errno, error.strerror, os.fspath(folder)) from None
     lock = os.open(stage, os.O_RDONLY)

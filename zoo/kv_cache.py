@@ -38,8 +38,10 @@ def check_kv_dtype(kv_dtype: str | None) -> None:
     if kv_dtype is not None and kv_dtype not in KV_DTYPES:
         from zoo.registry import ConfigError
 
-        raise ConfigError(f"kv_dtype={kv_dtype!r} is not a KV-cache format; choose from {list(KV_DTYPES)} or None "
-                          f"(the model's own dtype)")
+        raise ConfigError(
+            f"kv_dtype={kv_dtype!r} is not a KV-cache format; choose from {list(KV_DTYPES)} or None "
+            f"(the model's own dtype)"
+        )
 
 
 def value_bytes(kv_dtype: str | None, head_dim: int, element_size: int) -> float:
@@ -219,16 +221,25 @@ class Cache(nn.Module):
     the mask, not the cache, drops what a window no longer sees). ``kv_dtype`` ("int8" or None) is
     how every layer stores its keys and values."""
 
-    def __init__(self, n_layers: int, *, cross: bool = False, capacity: int = 256, keep: int | None = None,
-                 static: bool = False, kv_dtype: str | None = None) -> None:
+    def __init__(
+        self,
+        n_layers: int,
+        *,
+        cross: bool = False,
+        capacity: int = 256,
+        keep: int | None = None,
+        static: bool = False,
+        kv_dtype: str | None = None,
+    ) -> None:
         super().__init__()
         self.static, self.capacity = static, capacity
         if static:
             self.self_attn = nn.ModuleList(StaticKVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers))
         else:
             self.self_attn = nn.ModuleList(KVCache(capacity, keep=keep, kv_dtype=kv_dtype) for _ in range(n_layers))
-        self.cross_attn = (nn.ModuleList(KVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers)) if cross
-                           else None)
+        self.cross_attn = (
+            nn.ModuleList(KVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers)) if cross else None
+        )
 
     @property
     def length(self) -> int:

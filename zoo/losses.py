@@ -23,8 +23,15 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 
-def chunked_cross_entropy(hidden: Tensor, head: Callable[[Tensor], Tensor], labels: Tensor, *, chunk: int,
-                          ignore_index: int = -100, label_smoothing: float = 0.0) -> Tensor:
+def chunked_cross_entropy(
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    labels: Tensor,
+    *,
+    chunk: int,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> Tensor:
     """``F.cross_entropy(head(hidden).float(), labels, ignore_index=..., label_smoothing=...)`` (mean over
     the labels that are not ``ignore_index``), with the logits made ``chunk`` rows at a time.
 
@@ -47,8 +54,9 @@ def chunked_cross_entropy(hidden: Tensor, head: Callable[[Tensor], Tensor], labe
         raise ValueError(f"hidden has {hidden.shape[0]} rows but labels has {labels.shape[0]}")
 
     def chunk_loss(h: Tensor, y: Tensor) -> Tensor:  # (C, D), (C,) -> summed loss of the chunk
-        return F.cross_entropy(head(h).float(), y, ignore_index=ignore_index, reduction="sum",
-                               label_smoothing=label_smoothing)
+        return F.cross_entropy(
+            head(h).float(), y, ignore_index=ignore_index, reduction="sum", label_smoothing=label_smoothing
+        )
 
     keep_graph = torch.is_grad_enabled()
     total = hidden.new_zeros((), dtype=torch.float32)

@@ -41,8 +41,9 @@ from zoo.registry import MASK, ConfigError
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool, True = attend
 
 
-def index_grids(q_pos: Tensor, k_pos: Tensor, *, rows: int | None = None,
-                heads: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def index_grids(
+    q_pos: Tensor, k_pos: Tensor, *, rows: int | None = None, heads: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(b, h, q_idx, kv_idx) that broadcast to (B, H, Tq, Tk), flex_attention's layout, so that a mod
     evaluated on them yields its whole dense tensor at once: b is (B, 1, 1, 1) and h (H, 1, 1), or a
     0-d zero where ``rows`` / ``heads`` is None (the result then has no such dimension); q_idx is
@@ -77,7 +78,8 @@ def refuse_half_rules(cls: type, pairs: tuple[tuple[str, str], ...], base: type)
             raise TypeError(
                 f"{cls.__name__} takes {dense} from {owner[dense].__name__} but {mod} from {owner[mod].__name__}: "
                 f"the dense kernels (math, sdpa) would read one rule and flex another. Write the rule once as "
-                f"{mod} ({base.__name__} derives {dense} from it), or define both in one class (a dense fast path)")
+                f"{mod} ({base.__name__} derives {dense} from it), or define both in one class (a dense fast path)"
+            )
 
 
 class Mask:
@@ -98,8 +100,10 @@ class Mask:
     def check(cls, cfg: ModelConfig) -> None:
         """Raise ConfigError for settings this mask cannot work with (ModelConfig.validate calls it)."""
         if cfg.window is not None:
-            raise ConfigError(f"window={cfg.window} is read by mask='sliding_window' or 'document' only; set one of "
-                              f"those or leave window unset (mask={cfg.resolved_mask!r} ignores it)")
+            raise ConfigError(
+                f"window={cfg.window} is read by mask='sliding_window' or 'document' only; set one of "
+                f"those or leave window unset (mask={cfg.resolved_mask!r} ignores it)"
+            )
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Mask:
@@ -142,8 +146,10 @@ class Mask:
 
 
 def _across_documents(mask: Mask) -> ValueError:
-    return ValueError(f"document_ids were given, but mask {type(mask).__name__} would attend across documents; "
-                      "build the model with mask='document'")
+    return ValueError(
+        f"document_ids were given, but mask {type(mask).__name__} would attend across documents; "
+        "build the model with mask='document'"
+    )
 
 
 def _causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -201,8 +207,9 @@ class SlidingWindow(Mask):
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         if cfg.window is None:
-            raise ConfigError("mask='sliding_window' needs window, the positions a query sees (itself included), "
-                              "e.g. window=4096")
+            raise ConfigError(
+                "mask='sliding_window' needs window, the positions a query sees (itself included), e.g. window=4096"
+            )
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> SlidingWindow:

@@ -62,14 +62,17 @@ class ZooModel(GenerationMixin, nn.Module):
         return 0
 
     @classmethod
-    def example_inputs(cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16,
-                       generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def example_inputs(
+        cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         """Inputs to trace or test a model of ``cfg`` with, by ``input_names``: random token ids
         (>= 5, clear of the special tokens) and an attention mask that pads the second half of the
         first row. ``generator`` defaults to one seeded with 0."""
         generator = torch.Generator().manual_seed(0) if generator is None else generator
-        inputs = {"input_ids": torch.randint(5, cfg.vocab_size, (batch, length), generator=generator),
-                  "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+        inputs = {
+            "input_ids": torch.randint(5, cfg.vocab_size, (batch, length), generator=generator),
+            "attention_mask": torch.ones(batch, length, dtype=torch.long),
+        }
         inputs["attention_mask"][0, length // 2 :] = 0  # exercise padding
         return inputs
 
@@ -126,8 +129,14 @@ class ZooModel(GenerationMixin, nn.Module):
         decoding step needs; ``kv_dtype``: "int8" or None (the keys' own dtype), by default the
         model's ``kv_dtype`` (zoo.kv_cache)."""
         decoder = self.stacks()[-1]
-        return Cache(len(decoder.blocks), cross=self.cross_attention, capacity=capacity, keep=decoder.mask.lookback,
-                     static=static, kv_dtype=self.kv_dtype if kv_dtype == "model" else kv_dtype)
+        return Cache(
+            len(decoder.blocks),
+            cross=self.cross_attention,
+            capacity=capacity,
+            keep=decoder.mask.lookback,
+            static=static,
+            kv_dtype=self.kv_dtype if kv_dtype == "model" else kv_dtype,
+        )
 
     def embed_tokens(self, input_ids: Tensor) -> Tensor:
         """(B, T) token ids -> (B, T, D) embeddings, times ``embed_scale``. With sinusoidal
@@ -168,8 +177,14 @@ class EncoderModel(ZooModel):
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
         self.mlm_head = MLMHead(cfg) if cfg.mlm_head else None
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None, *, prefix_len: int | Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        prefix_len: int | Tensor | None = None,
+    ) -> Tensor:
         """input_ids: (B, T); attention_mask: (B, T), 1 = token, 0 = padding. Returns (B, T, D)."""
         x = self.embed_tokens(input_ids)
         if self.segment is not None:
@@ -231,21 +246,49 @@ class DecoderModel(ZooModel):
         self.decoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask)
         self.lm_head = None if cfg.tie_embeddings else self._lm_head()
 
-    def features(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                 position_ids: Tensor | None = None, prefix_len: int | Tensor | None = None,
-                 cache: Cache | None = None, document_ids: Tensor | None = None) -> Tensor:
+    def features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
+        cache: Cache | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Tensor:
         """Final hidden states (B, T, D). With a cache, attention_mask covers cached + new positions.
         document_ids: (B, T), which packed document each position belongs to (mask='document' keeps
         attention and positions inside it; other masks refuse them)."""
-        return self.decoder(self.embed_tokens(input_ids), padding_mask=attention_mask, position_ids=position_ids,
-                            prefix_len=prefix_len, cache=cache, document_ids=document_ids)
+        return self.decoder(
+            self.embed_tokens(input_ids),
+            padding_mask=attention_mask,
+            position_ids=position_ids,
+            prefix_len=prefix_len,
+            cache=cache,
+            document_ids=document_ids,
+        )
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                position_ids: Tensor | None = None, prefix_len: int | Tensor | None = None,
-                cache: Cache | None = None, document_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
+        cache: Cache | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Tensor:
         """input_ids: (B, T) -> next-token logits (B, T, V)."""
-        return self.logits(self.features(input_ids, attention_mask, position_ids=position_ids,
-                                         prefix_len=prefix_len, cache=cache, document_ids=document_ids))
+        return self.logits(
+            self.features(
+                input_ids,
+                attention_mask,
+                position_ids=position_ids,
+                prefix_len=prefix_len,
+                cache=cache,
+                document_ids=document_ids,
+            )
+        )
 
 
 @ARCH.register("encoder_decoder")
@@ -276,8 +319,9 @@ class EncoderDecoderModel(ZooModel):
         return 2 * cfg.resolved_n_decoder_layers
 
     @classmethod
-    def example_inputs(cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16,
-                       generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def example_inputs(
+        cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         """As for the other forms, plus a target (``decoder_input_ids``) 3 tokens shorter than the
         source (at least 1), so that the two lengths are separate axes."""
         generator = torch.Generator().manual_seed(0) if generator is None else generator
@@ -292,25 +336,53 @@ class EncoderDecoderModel(ZooModel):
         self.decoder = Stack(cfg, n_layers=cfg.resolved_n_decoder_layers, mask="causal", cross=True)
         self.lm_head = None if cfg.tie_embeddings else self._lm_head()
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-               prefix_len: int | Tensor | None = None) -> Tensor:
+    def encode(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, *, prefix_len: int | Tensor | None = None
+    ) -> Tensor:
         """Source (B, S) -> memory (B, S, D)."""
         return self.encoder(self.embed_tokens(input_ids), padding_mask=attention_mask, prefix_len=prefix_len)
 
-    def decoder_features(self, decoder_input_ids: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
-                         decoder_attention_mask: Tensor | None = None, cache: Cache | None = None) -> Tensor:
+    def decoder_features(
+        self,
+        decoder_input_ids: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None = None,
+        *,
+        decoder_attention_mask: Tensor | None = None,
+        cache: Cache | None = None,
+    ) -> Tensor:
         """Target prefix (B, T) and memory (B, S, D) -> final decoder hidden states (B, T, D)."""
-        return self.decoder(self.embed_tokens(decoder_input_ids), padding_mask=decoder_attention_mask, cache=cache,
-                            memory=memory, memory_mask=memory_mask)
+        return self.decoder(
+            self.embed_tokens(decoder_input_ids),
+            padding_mask=decoder_attention_mask,
+            cache=cache,
+            memory=memory,
+            memory_mask=memory_mask,
+        )
 
-    def decode(self, decoder_input_ids: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
-               decoder_attention_mask: Tensor | None = None, cache: Cache | None = None) -> Tensor:
+    def decode(
+        self,
+        decoder_input_ids: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None = None,
+        *,
+        decoder_attention_mask: Tensor | None = None,
+        cache: Cache | None = None,
+    ) -> Tensor:
         """Target prefix (B, T) and memory (B, S, D) -> next-token logits (B, T, V)."""
-        return self.logits(self.decoder_features(decoder_input_ids, memory, memory_mask,
-                                                 decoder_attention_mask=decoder_attention_mask, cache=cache))
+        return self.logits(
+            self.decoder_features(
+                decoder_input_ids, memory, memory_mask, decoder_attention_mask=decoder_attention_mask, cache=cache
+            )
+        )
 
-    def forward(self, input_ids: Tensor, decoder_input_ids: Tensor, attention_mask: Tensor | None = None,
-                decoder_attention_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        decoder_input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+    ) -> Tensor:
         """Teacher forcing: source (B, S), target prefix (B, T) -> logits (B, T, V)."""
         memory = self.encode(input_ids, attention_mask)
         return self.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask=decoder_attention_mask)

@@ -76,8 +76,9 @@ class Position(nn.Module):
         if mod is None:
             return None
         if self.n_heads is None:
-            raise TypeError(f"{type(self).__name__} has a score_mod but no n_heads: set n_heads, the heads h "
-                            "ranges over")
+            raise TypeError(
+                f"{type(self).__name__} has a score_mod but no n_heads: set n_heads, the heads h ranges over"
+            )
         zero = torch.zeros((), device=q_pos.device)  # the score the bias is added to
         biased = over_keys(mod(zero, *index_grids(q_pos, k_pos, heads=self.n_heads)), q_pos.shape[0], k_pos.shape[0])
         return biased if biased.dim() == 3 else biased.expand(self.n_heads, *biased.shape[-2:])  # (H, Tq, Tk)
@@ -155,8 +156,9 @@ class RoPE(Position):
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         if cfg.resolved_head_dim % 2:
-            raise ConfigError(f"position={cfg.position!r} rotates pairs of dimensions: "
-                              f"head_dim={cfg.resolved_head_dim} must be even")
+            raise ConfigError(
+                f"position={cfg.position!r} rotates pairs of dimensions: head_dim={cfg.resolved_head_dim} must be even"
+            )
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> RoPE:
@@ -259,15 +261,17 @@ class T5Relative(Position):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> T5Relative:
-        return cls(cfg.n_heads, bidirectional=not causal, num_buckets=cfg.rel_buckets,
-                   max_distance=cfg.rel_max_distance)
+        return cls(
+            cfg.n_heads, bidirectional=not causal, num_buckets=cfg.rel_buckets, max_distance=cfg.rel_max_distance
+        )
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The dense fast path of ``score_mod`` (whole rows of the table per bucket, where the derived
         form gathers one scalar per head and pair: ~9x slower on the CPU at T=512); tests check that they agree."""
         relative = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk)
-        buckets = t5_relative_bucket(relative, bidirectional=self.bidirectional,
-                                     num_buckets=self.num_buckets, max_distance=self.max_distance)
+        buckets = t5_relative_bucket(
+            relative, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
         return self.table(buckets).permute(2, 0, 1)  # (H, Tq, Tk)
 
     def score_mod(self, device: torch.device) -> ScoreMod:

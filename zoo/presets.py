@@ -21,34 +21,82 @@ def register_model(name: str):
 
 
 def _gpt(n_layers: int, d_model: int, n_heads: int, **kw: Any) -> ModelConfig:
-    base = dict(arch="decoder", vocab_size=50257, max_seq_len=1024, position="learned", norm="layernorm",
-                norm_placement="pre", ffn="gelu", gelu_approximate="tanh", bias=True, tie_embeddings=True,
-                norm_eps=1e-5, eos_token_id=50256, pad_token_id=50256)
+    base = dict(
+        arch="decoder",
+        vocab_size=50257,
+        max_seq_len=1024,
+        position="learned",
+        norm="layernorm",
+        norm_placement="pre",
+        ffn="gelu",
+        gelu_approximate="tanh",
+        bias=True,
+        tie_embeddings=True,
+        norm_eps=1e-5,
+        eos_token_id=50256,
+        pad_token_id=50256,
+    )
     return ModelConfig(**{**base, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, **kw})
 
 
 def _bert(n_layers: int, d_model: int, n_heads: int, **kw: Any) -> ModelConfig:
-    base = dict(arch="encoder", vocab_size=30522, max_seq_len=512, position="learned", norm="layernorm",
-                norm_placement="post", ffn="gelu", bias=True, norm_eps=1e-12, type_vocab_size=2, pooler=True,
-                pad_token_id=0)
+    base = dict(
+        arch="encoder",
+        vocab_size=30522,
+        max_seq_len=512,
+        position="learned",
+        norm="layernorm",
+        norm_placement="post",
+        ffn="gelu",
+        bias=True,
+        norm_eps=1e-12,
+        type_vocab_size=2,
+        pooler=True,
+        pad_token_id=0,
+    )
     return ModelConfig(**{**base, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, **kw})
 
 
 def _t5(n_layers: int, d_model: int, n_heads: int, d_ff: int, **kw: Any) -> ModelConfig:
-    base = dict(arch="encoder_decoder", vocab_size=32128, position="t5_relative", norm="rmsnorm",
-                norm_placement="pre", ffn="relu", bias=False, tie_embeddings=True, norm_eps=1e-6,
-                attn_scale=1.0, logit_scale=d_model**-0.5, rel_buckets=32, rel_max_distance=128,
-                init_std=1.0 / d_model**0.5, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    return ModelConfig(**{**base, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff,
-                          **kw})
+    base = dict(
+        arch="encoder_decoder",
+        vocab_size=32128,
+        position="t5_relative",
+        norm="rmsnorm",
+        norm_placement="pre",
+        ffn="relu",
+        bias=False,
+        tie_embeddings=True,
+        norm_eps=1e-6,
+        attn_scale=1.0,
+        logit_scale=d_model**-0.5,
+        rel_buckets=32,
+        rel_max_distance=128,
+        init_std=1.0 / d_model**0.5,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return ModelConfig(**{**base, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff, **kw})
 
 
 def _llama(n_layers: int, d_model: int, n_heads: int, d_ff: int, **kw: Any) -> ModelConfig:
-    base = dict(arch="decoder", vocab_size=32000, max_seq_len=4096, position="rope", rope_base=10000.0,
-                norm="rmsnorm", norm_placement="pre", ffn="swiglu", bias=False, tie_embeddings=False,
-                norm_eps=1e-5, pad_token_id=0, eos_token_id=2)
-    return ModelConfig(**{**base, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff,
-                          **kw})
+    base = dict(
+        arch="decoder",
+        vocab_size=32000,
+        max_seq_len=4096,
+        position="rope",
+        rope_base=10000.0,
+        norm="rmsnorm",
+        norm_placement="pre",
+        ffn="swiglu",
+        bias=False,
+        tie_embeddings=False,
+        norm_eps=1e-5,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
+    return ModelConfig(**{**base, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff, **kw})
 
 
 # GPT-2 and GPT-3: learned positions, pre-LayerNorm, GELU MLP, tied head
@@ -67,12 +115,24 @@ register_model("t5-base")(lambda: _t5(12, 768, 12, 3072))
 register_model("llama2-7b")(lambda: _llama(32, 4096, 32, 11008))
 register_model("llama2-13b")(lambda: _llama(40, 5120, 40, 13824))
 register_model("llama2-70b")(lambda: _llama(80, 8192, 64, 28672, n_kv_heads=8))
-register_model("qwen2.5-72b")(lambda: _llama(80, 8192, 64, 29568, n_kv_heads=8, vocab_size=152064,
-                                              qkv_bias=True, rope_base=1_000_000.0, norm_eps=1e-6,
-                                              max_seq_len=32768, eos_token_id=151643, pad_token_id=151643))
+register_model("qwen2.5-72b")(
+    lambda: _llama(
+        80,
+        8192,
+        64,
+        29568,
+        n_kv_heads=8,
+        vocab_size=152064,
+        qkv_bias=True,
+        rope_base=1_000_000.0,
+        norm_eps=1e-6,
+        max_seq_len=32768,
+        eos_token_id=151643,
+        pad_token_id=151643,
+    )
+)
 # Tiny models for CPU work: seconds to train, same layouts
-register_model("gpt-tiny")(lambda: _gpt(2, 128, 4, vocab_size=1024, max_seq_len=256, eos_token_id=None,
-                                        pad_token_id=0))
+register_model("gpt-tiny")(lambda: _gpt(2, 128, 4, vocab_size=1024, max_seq_len=256, eos_token_id=None, pad_token_id=0))
 register_model("bert-tiny")(lambda: _bert(2, 128, 4, vocab_size=1024, max_seq_len=256))
 register_model("t5-tiny")(lambda: _t5(2, 128, 4, 512, vocab_size=1024))
 register_model("llama-tiny")(lambda: _llama(2, 128, 4, 352, n_kv_heads=2, vocab_size=1024, max_seq_len=256))

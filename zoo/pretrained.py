@@ -59,8 +59,9 @@ def load_pretrained(folder: str | Path, *, device: str | torch.device | None = N
     try:
         load_model(model, str(weights), strict=True, device=str(device or "cpu"))
     except (SafetensorError, RuntimeError, OSError) as error:
-        raise CheckpointError(f"{weights}: the weights file is damaged ({_first_line(error)}); "
-                              f"export the model again") from None
+        raise CheckpointError(
+            f"{weights}: the weights file is damaged ({_first_line(error)}); export the model again"
+        ) from None
     return model.eval()
 
 
@@ -68,20 +69,26 @@ def read_config(folder: Path) -> ModelConfig:
     """The ModelConfig of a model folder's ``config.json``; a CheckpointError says what is wrong."""
     if not folder.is_dir():
         what = "is a file, not a model folder" if folder.exists() else "no such folder"
-        raise CheckpointError(f"{folder}: {what}; pass a folder written by zoo.save_pretrained or "
-                              f"zoo-export format=safetensors")
+        raise CheckpointError(
+            f"{folder}: {what}; pass a folder written by zoo.save_pretrained or zoo-export format=safetensors"
+        )
     path = folder / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{path}: missing, so {folder} is not a zoo model folder; pass a folder written by "
-                              f"zoo.save_pretrained or zoo-export format=safetensors")
+        raise CheckpointError(
+            f"{path}: missing, so {folder} is not a zoo model folder; pass a folder written by "
+            f"zoo.save_pretrained or zoo-export format=safetensors"
+        )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path}: not valid JSON ({_first_line(error)}); restore the file or export the "
-                              f"model again") from None
+        raise CheckpointError(
+            f"{path}: not valid JSON ({_first_line(error)}); restore the file or export the model again"
+        ) from None
     if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
-        raise CheckpointError(f"{path} has no \"model\" section (the ModelConfig); it was not written by zoo: "
-                              f"export the model again with zoo-export format=safetensors")
+        raise CheckpointError(
+            f'{path} has no "model" section (the ModelConfig); it was not written by zoo: '
+            f"export the model again with zoo-export format=safetensors"
+        )
     try:
         return ModelConfig.from_dict(record["model"]).validate()
     except ConfigError as error:
@@ -94,16 +101,22 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
     if not path.is_file():
         if (path.parent / "model.onnx").is_file():
-            raise CheckpointError(f"{path}: missing; {path.parent} is an ONNX export (load its model.onnx with "
-                                  f"onnxruntime), or export again with format=safetensors")
-        raise CheckpointError(f"{path}: missing; the folder must hold the model.safetensors written beside its "
-                              f"config.json (export the model again)")
+            raise CheckpointError(
+                f"{path}: missing; {path.parent} is an ONNX export (load its model.onnx with "
+                f"onnxruntime), or export again with format=safetensors"
+            )
+        raise CheckpointError(
+            f"{path}: missing; the folder must hold the model.safetensors written beside its "
+            f"config.json (export the model again)"
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({_first_line(error)}); it is damaged "
-                              f"or truncated: export the model again") from None
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({_first_line(error)}); it is damaged "
+            f"or truncated: export the model again"
+        ) from None
 
 
 def check_weights(cfg: ModelConfig, shapes: Shapes, *, source: str = "the weights") -> None:
@@ -118,15 +131,18 @@ def check_weights(cfg: ModelConfig, shapes: Shapes, *, source: str = "the weight
     shallow = cfg.replace(**dict.fromkeys(depths, 1))
     groups = _tensor_groups(meta_model(shallow, source))
     _match(groups, shapes, source, exact=False)
-    per_layer = {name: len(_tensor_groups(meta_model(shallow.replace(**{name: 2}), source))) - len(groups)
-                 for name in depths}
+    per_layer = {
+        name: len(_tensor_groups(meta_model(shallow.replace(**{name: 2}), source))) - len(groups) for name in depths
+    }
     want = len(groups) + sum((getattr(cfg, name) - 1) * n for name, n in per_layer.items())
     duplicates = sum(max(0, sum(n in shapes for n in names) - 1) for names, _ in groups)
     held = len(shapes) - duplicates
     if held != want:
         sizes = ", ".join(f"{name}={getattr(cfg, name)}" for name, n in per_layer.items() if n)
-        raise CheckpointError(f"{source}: the config ({sizes}) describes {want} tensors but the weights hold {held}; "
-                              f"the config and the weights come from different models: use the pair saved together")
+        raise CheckpointError(
+            f"{source}: the config ({sizes}) describes {want} tensors but the weights hold {held}; "
+            f"the config and the weights come from different models: use the pair saved together"
+        )
 
 
 def meta_model(cfg: ModelConfig, source: str) -> ZooModel:
@@ -136,8 +152,10 @@ def meta_model(cfg: ModelConfig, source: str) -> ZooModel:
         with torch.device("meta"):
             return build_model(cfg)
     except (TypeError, RuntimeError, OverflowError) as error:
-        raise CheckpointError(f"{source}: its config asks for sizes no model can have ({_first_line(error)}); "
-                              f"the config is damaged: use the one saved with the weights") from None
+        raise CheckpointError(
+            f"{source}: its config asks for sizes no model can have ({_first_line(error)}); "
+            f"the config is damaged: use the one saved with the weights"
+        ) from None
 
 
 def _tensor_groups(model: nn.Module) -> list[tuple[list[str], tuple[int, ...]]]:
@@ -154,19 +172,25 @@ def _match(groups: list[tuple[list[str], tuple[int, ...]]], shapes: Shapes, sour
     for names, shape in groups:
         found = next((n for n in names if n in shapes), None)
         if found is None:
-            raise CheckpointError(f"{source}: the config describes tensor {names[0]}, which the weights do not hold; "
-                                  f"the config and the weights come from different models: use the pair saved "
-                                  f"together")
+            raise CheckpointError(
+                f"{source}: the config describes tensor {names[0]}, which the weights do not hold; "
+                f"the config and the weights come from different models: use the pair saved "
+                f"together"
+            )
         if tuple(shapes[found]) != shape:
-            raise CheckpointError(f"{source}: the config wants {found} of shape {shape} but the weights hold "
-                                  f"{tuple(shapes[found])}; the config and the weights come from different models: "
-                                  f"use the pair saved together")
+            raise CheckpointError(
+                f"{source}: the config wants {found} of shape {shape} but the weights hold "
+                f"{tuple(shapes[found])}; the config and the weights come from different models: "
+                f"use the pair saved together"
+            )
     if exact:
         extra = sorted(set(shapes) - {n for names, _ in groups for n in names})
         if extra:
-            raise CheckpointError(f"{source}: holds {len(extra)} tensors the config does not describe (e.g. "
-                                  f"{extra[0]}); the config and the weights come from different models: use the "
-                                  f"pair saved together")
+            raise CheckpointError(
+                f"{source}: holds {len(extra)} tensors the config does not describe (e.g. "
+                f"{extra[0]}); the config and the weights come from different models: use the "
+                f"pair saved together"
+            )
 
 
 def _first_line(error: BaseException) -> str:

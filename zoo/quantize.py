@@ -65,8 +65,9 @@ def quantize(model: nn.Module, weights: str | None = "int8", kv_cache: str | Non
             The message names the value and what works instead.
     """
     if kv_cache is not None and kv_cache not in KV_DTYPES:
-        raise ConfigError(f"kv_cache={kv_cache!r} is not a KV-cache precision; valid: "
-                          f"{', '.join(map(repr, KV_DTYPES))} or None")
+        raise ConfigError(
+            f"kv_cache={kv_cache!r} is not a KV-cache precision; valid: {', '.join(map(repr, KV_DTYPES))} or None"
+        )
     apply = None if weights is None else WEIGHTS.get(weights, field="weights")
     if apply is not None:
         _check_quantizable(model, weights)
@@ -79,15 +80,21 @@ def quantize(model: nn.Module, weights: str | None = "int8", kv_cache: str | Non
 
 def _check_quantizable(model: nn.Module, weights: str) -> None:
     if model.training:
-        raise ConfigError(f"weights={weights!r}: zoo.quantize prepares a model for inference and this one is "
-                          "in training mode; call model.eval() first (and keep training the float model)")
+        raise ConfigError(
+            f"weights={weights!r}: zoo.quantize prepares a model for inference and this one is "
+            "in training mode; call model.eval() first (and keep training the float model)"
+        )
     done = getattr(model, "quantized_weights", None)
     if done is not None:
-        raise ConfigError(f"weights={weights!r}: this model is already quantized (weights={done!r}); "
-                          "quantize a freshly loaded float model instead")
+        raise ConfigError(
+            f"weights={weights!r}: this model is already quantized (weights={done!r}); "
+            "quantize a freshly loaded float model instead"
+        )
     if adapted_layers(model):
-        raise ConfigError(f"weights={weights!r}: this model has LoRA adapters; fold them in with "
-                          "zoo.adapters.merge(model) before quantizing")
+        raise ConfigError(
+            f"weights={weights!r}: this model has LoRA adapters; fold them in with "
+            "zoo.adapters.merge(model) before quantizing"
+        )
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -119,17 +126,21 @@ def _int8(model: nn.Module) -> None:
     elif device.type == "cuda":
         _torchao(model, "int8")
     else:
-        raise ConfigError(f"weights='int8' has no kernel on {device.type!r}; it runs on 'cpu' (PyTorch's int8 "
-                          "weight-only matmul) and 'cuda' (torchao); weights='bf16' works on every device")
+        raise ConfigError(
+            f"weights='int8' has no kernel on {device.type!r}; it runs on 'cpu' (PyTorch's int8 "
+            "weight-only matmul) and 'cuda' (torchao); weights='bf16' works on every device"
+        )
 
 
 @WEIGHTS.register("int4")
 def _int4(model: nn.Module) -> None:
     device = _device(model)
     if device.type != "cuda":
-        raise ConfigError(f"weights='int4' needs a CUDA device (torchao's int4 weight-only kernel); this model "
-                          f"is on {device.type!r}, where torchao has no eager int4 kernel: use weights='int8' "
-                          "or 'bf16'")
+        raise ConfigError(
+            f"weights='int4' needs a CUDA device (torchao's int4 weight-only kernel); this model "
+            f"is on {device.type!r}, where torchao has no eager int4 kernel: use weights='int8' "
+            "or 'bf16'"
+        )
     _torchao(model, "int4")
 
 
@@ -169,8 +180,10 @@ class Int8Linear(nn.Module):
 def _cpu_int8(model: nn.Module) -> None:
     """Every nn.Linear becomes an Int8Linear (a tied LM head first gets its own, so its copy is int8)."""
     if not hasattr(torch, "_weight_int8pack_mm"):
-        raise ConfigError(f"weights='int8' on the CPU uses torch._weight_int8pack_mm, which torch {torch.__version__} "
-                          "lacks; use weights='bf16'")
+        raise ConfigError(
+            f"weights='int8' on the CPU uses torch._weight_int8pack_mm, which torch {torch.__version__} "
+            "lacks; use weights='bf16'"
+        )
     _untie_head(model)
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -182,8 +195,9 @@ def _torchao(model: nn.Module, weights: str) -> None:
     try:
         from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
     except ImportError as err:
-        raise ConfigError(f"weights={weights!r} on CUDA uses torchao, which is not installed: "
-                          "pip install 'zoo[quantize]'") from err
+        raise ConfigError(
+            f"weights={weights!r} on CUDA uses torchao, which is not installed: pip install 'zoo[quantize]'"
+        ) from err
     if weights == "int8":
         config = Int8WeightOnlyConfig()
     else:

@@ -41,8 +41,15 @@ class ModelStats:
         return asdict(self)
 
 
-def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, batch_size: int = 1,
-          dtype: torch.dtype = torch.bfloat16, kv_dtype: str | None = None, **overrides: Any) -> ModelStats:
+def stats(
+    model: str | ModelConfig | ZooModel,
+    *,
+    seq_len: int | None = None,
+    batch_size: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    kv_dtype: str | None = None,
+    **overrides: Any,
+) -> ModelStats:
     """Parameters, FLOPs per token and KV-cache bytes of a preset name, a config or a model.
 
     ``zoo.stats("llama2-7b", seq_len=4096, dtype=torch.bfloat16).kv_cache_bytes == 2_147_483_648``;
@@ -70,10 +77,19 @@ def stats(model: str | ModelConfig | ZooModel, *, seq_len: int | None = None, ba
     lookback = model.stacks()[-1].mask.lookback  # a sliding window's cache keeps its last positions only
     held = seq_len if lookback is None or form.cross_attention else min(seq_len, lookback)
     kv = 2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * per_head * held * batch_size
-    return ModelStats(name=name, params=params, embedding_params=embedding, non_embedding_params=non_embedding,
-                      flops_per_token_forward=forward, flops_per_token_train=3 * forward, kv_cache_bytes=kv,
-                      seq_len=seq_len, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."),
-                      kv_dtype=kv_dtype or str(dtype).removeprefix("torch."))
+    return ModelStats(
+        name=name,
+        params=params,
+        embedding_params=embedding,
+        non_embedding_params=non_embedding,
+        flops_per_token_forward=forward,
+        flops_per_token_train=3 * forward,
+        kv_cache_bytes=kv,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        dtype=str(dtype).removeprefix("torch."),
+        kv_dtype=kv_dtype or str(dtype).removeprefix("torch."),
+    )
 
 
 def _relative_tables(model: nn.Module) -> int:

@@ -39,8 +39,10 @@ def first_line(error: BaseException, limit: int = 160) -> str:
 def storage_error(url: str, error: BaseException) -> SweepError:
     """A storage that cannot be opened or used, as one line with the fix for its kind."""
     if url.startswith("sqlite:"):
-        fix = ("move that file away or repair it, or give hydra.sweeper.storage=sqlite:///<a new file> "
-               "(a new file starts a new study)")
+        fix = (
+            "move that file away or repair it, or give hydra.sweeper.storage=sqlite:///<a new file> "
+            "(a new file starts a new study)"
+        )
     else:
         fix = "check that the database server runs and the URL is right, or give hydra.sweeper.storage= another one"
     missing = error.__cause__ if isinstance(error.__cause__, ImportError) else error  # optuna wraps the driver's
@@ -50,6 +52,7 @@ def storage_error(url: str, error: BaseException) -> SweepError:
 
 
 # What zoo-sweep-report reads of each job of a sweep: each damaged file is a SweepError naming it.
+
 
 def moved_out(job: Path) -> str:
     return f"repair it, or move {job} out of {job.parent} to report the other jobs"
@@ -100,8 +103,9 @@ def setting(job: Path, cfg: dict[str, Any], key: str, kinds: tuple[type, ...], d
     if value is None:
         return default
     if not isinstance(value, kinds) or isinstance(value, bool):
-        raise SweepError(f"{job / 'config.yaml'}: {key}={value!r} should be of type {kinds[0].__name__}; "
-                         f"{moved_out(job)}")
+        raise SweepError(
+            f"{job / 'config.yaml'}: {key}={value!r} should be of type {kinds[0].__name__}; {moved_out(job)}"
+        )
     return value
 
 
@@ -130,6 +134,7 @@ def logged(job: Path, metric: str) -> tuple[list[float], list[int]]:
                     if value:
                         values.append(float(value))
         except (OSError, UnicodeDecodeError, csv.Error, ValueError, TypeError) as error:
-            raise SweepError(f"{path} cannot be read as a metrics table ({first_line(error)}); {moved_out(job)}") \
-                from None
+            raise SweepError(
+                f"{path} cannot be read as a metrics table ({first_line(error)}); {moved_out(job)}"
+            ) from None
     return values, steps

@@ -50,8 +50,9 @@ class OptunaPruning(L.Callback):
             from hydra_plugins.zoo_optuna_sweeper._study import Pruned, PrunedOnARankAbove0
 
             pruned = Pruned if in_the_jobs_process() else PrunedOnARankAbove0
-            raise pruned(f"at step {trainer.global_step}: {self.monitor}="
-                         f"{'?' if value is None else f'{float(value):.4f}'}")
+            raise pruned(
+                f"at step {trainer.global_step}: {self.monitor}={'?' if value is None else f'{float(value):.4f}'}"
+            )
 
 
 def in_the_jobs_process() -> bool:

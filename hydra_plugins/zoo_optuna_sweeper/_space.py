@@ -52,8 +52,9 @@ class SearchSpace:
     fixed: list[str]
 
     @classmethod
-    def parse(cls, params: Mapping[str, Any] | None, arguments: Sequence[str],
-              config_loader: Any = None) -> SearchSpace:
+    def parse(
+        cls, params: Mapping[str, Any] | None, arguments: Sequence[str], config_loader: Any = None
+    ) -> SearchSpace:
         lines = [override_line(key, value) for key, value in (params or {}).items()]
         parser = OverridesParser.create(config_loader=config_loader)
         searched: dict[str, Param] = {}
@@ -79,8 +80,9 @@ class SearchSpace:
 
     def digest(self) -> str:
         """8 hex digits naming this search: the same for the same params and fixed overrides."""
-        text = repr(sorted(self.fixed)) + repr(sorted((n, repr(p.distribution), p.choice_texts)
-                                                     for n, p in self.params.items()))
+        text = repr(sorted(self.fixed)) + repr(
+            sorted((n, repr(p.distribution), p.choice_texts) for n, p in self.params.items())
+        )
         return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
@@ -91,8 +93,10 @@ def parse_each(parser: OverridesParser, lines: Sequence[str]) -> list[Override]:
         try:
             overrides += parser.parse_overrides([line])
         except OverrideParseException as error:
-            raise SweepError(f"hydra.sweeper.params: {line!r} is not override syntax ({first_line(error)}); "
-                             f"write e.g. interval(1e-4, 1e-2), choice(a, b) or range(1, 4)") from None
+            raise SweepError(
+                f"hydra.sweeper.params: {line!r} is not override syntax ({first_line(error)}); "
+                f"write e.g. interval(1e-4, 1e-2), choice(a, b) or range(1, 4)"
+            ) from None
     return overrides
 
 

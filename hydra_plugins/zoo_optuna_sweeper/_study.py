@@ -38,8 +38,14 @@ from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
 log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "random", "grid")
-PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successive_halving": "SuccessiveHalvingPruner",
-           "hyperband": "HyperbandPruner", "threshold": "ThresholdPruner", "none": "NopPruner"}
+PRUNERS = {
+    "median": "MedianPruner",
+    "percentile": "PercentilePruner",
+    "successive_halving": "SuccessiveHalvingPruner",
+    "hyperband": "HyperbandPruner",
+    "threshold": "ThresholdPruner",
+    "none": "NopPruner",
+}
 DIRECTIONS = {"minimize": "minimize", "min": "minimize", "maximize": "maximize", "max": "maximize"}
 
 
@@ -65,8 +71,10 @@ def make_pruner(name: str, args: Mapping[str, Any]) -> optuna.pruners.BasePruner
         return cls(**args)
     except TypeError as error:  # arguments meant for another pruner, e.g. left by an hparams_search file
         drop = " ".join(f"~hydra.sweeper.pruner_args.{key}" for key in args)
-        raise SweepError(f"hydra.sweeper.pruner_args={dict(args)} do not fit {cls.__name__} ({error}); drop them "
-                         f"({drop}) and add its own (+hydra.sweeper.pruner_args.<name>=<value>)") from None
+        raise SweepError(
+            f"hydra.sweeper.pruner_args={dict(args)} do not fit {cls.__name__} ({error}); drop them "
+            f"({drop}) and add its own (+hydra.sweeper.pruner_args.<name>=<value>)"
+        ) from None
 
 
 def open_trial(storage_url: str, study_name: str, number: int) -> optuna.trial.Trial:
@@ -98,8 +106,9 @@ class PrunedOnARankAbove0(Pruned):
 class OptunaSweep:
     """One run of the sweeper: open (or resume) the study, then launch batches until n_trials are done."""
 
-    def __init__(self, options: Mapping[str, Any], config: DictConfig, hydra_context: HydraContext,
-                 launcher: Launcher) -> None:
+    def __init__(
+        self, options: Mapping[str, Any], config: DictConfig, hydra_context: HydraContext, launcher: Launcher
+    ) -> None:
         self.options, self.config, self.hydra_context, self.launcher = dict(options), config, hydra_context, launcher
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
@@ -131,9 +140,11 @@ class OptunaSweep:
         self.write_results(study, n_trials)  # first: a folder holding anything of a sweep says whose it is
         OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
         done = finished(study)
-        log.info(f"Optuna study {study.study_name} in {self.storage_url}: {done} of {n_trials} trials finished "
-                 f"({study.direction.name.lower()} {self.metric or 'the return value'}), "
-                 f"{len(space.params)} params: {', '.join(space.params)}")
+        log.info(
+            f"Optuna study {study.study_name} in {self.storage_url}: {done} of {n_trials} trials finished "
+            f"({study.direction.name.lower()} {self.metric or 'the return value'}), "
+            f"{len(space.params)} params: {', '.join(space.params)}"
+        )
         returns: list[JobReturn] = []
         while done < n_trials:
             batch = [study.ask(space.distributions()) for _ in range(min(self.options["n_jobs"], n_trials - done))]
@@ -165,23 +176,30 @@ class OptunaSweep:
 
     def study_name(self, space: SearchSpace) -> str:
         return self.options.get("study_name") or (
-            f"{OmegaConf.select(self.config, 'task_name', default=self.config.hydra.job.name)}-{space.digest()}")
+            f"{OmegaConf.select(self.config, 'task_name', default=self.config.hydra.job.name)}-{space.digest()}"
+        )
 
     def open_study(self, space: SearchSpace) -> optuna.Study:
         direction = self.options.get("direction") or {"max": "maximize"}.get(
-            OmegaConf.select(self.config, "monitor.mode", default="min"), "minimize")
+            OmegaConf.select(self.config, "monitor.mode", default="min"), "minimize"
+        )
         if direction not in DIRECTIONS:
             raise SweepError(f"hydra.sweeper.direction={direction!r}; choose minimize or maximize")
         pruner_spec = {"name": self.options["pruner"], "args": self.options.get("pruner_args") or {}}
         pruner = make_pruner(pruner_spec["name"], pruner_spec["args"])
         self.make_sampler(space, n_before=0)  # a bad sampler option fails before the storage holds a study
         name, storage = self.study_name(space), open_storage(self.storage_url)
-        study = optuna.create_study(storage=storage, study_name=name, direction=DIRECTIONS[direction],
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            storage=storage, study_name=name, direction=DIRECTIONS[direction], load_if_exists=True
+        )
         study.set_user_attr(PRUNER, pruner_spec)
         self.recover_stale_trials(study)
-        return optuna.load_study(study_name=name, storage=storage, pruner=pruner,
-                                 sampler=self.make_sampler(space, n_before=len(study.trials)))
+        return optuna.load_study(
+            study_name=name,
+            storage=storage,
+            pruner=pruner,
+            sampler=self.make_sampler(space, n_before=len(study.trials)),
+        )
 
     def check_sweep_dir(self, study_name: str) -> None:
         """The sweep directory must be new, empty, or this study's own (the same command run again with
@@ -191,14 +209,18 @@ class OptunaSweep:
             return
         results, fix = self.sweep_dir / RESULTS, "choose a new hydra.sweep.dir (by default each sweep gets a fresh one)"
         if not results.is_file():
-            raise SweepError(f"hydra.sweep.dir={self.sweep_dir} is not empty and holds no {RESULTS}: it is no "
-                             f"sweep's folder, and jobs would write into it; {fix}")
+            raise SweepError(
+                f"hydra.sweep.dir={self.sweep_dir} is not empty and holds no {RESULTS}: it is no "
+                f"sweep's folder, and jobs would write into it; {fix}"
+            )
         found = read_yaml(results, f"repair it or {fix}")
         found = found if isinstance(found, dict) else {}
         if (found.get("study_name"), found.get("storage")) != (study_name, self.storage_url):
-            raise SweepError(f"hydra.sweep.dir={self.sweep_dir} holds the jobs of another sweep ({results} names "
-                             f"study {found.get('study_name')!r} in {found.get('storage')!r}, this one is "
-                             f"{study_name!r} in {self.storage_url}); {fix}")
+            raise SweepError(
+                f"hydra.sweep.dir={self.sweep_dir} holds the jobs of another sweep ({results} names "
+                f"study {found.get('study_name')!r} in {found.get('storage')!r}, this one is "
+                f"{study_name!r} in {self.storage_url}); {fix}"
+            )
 
     def make_sampler(self, space: SearchSpace, n_before: int) -> optuna.samplers.BaseSampler:
         name, args = self.options["sampler"], dict(self.options.get("sampler_args") or {})
@@ -213,17 +235,23 @@ class OptunaSweep:
             return (optuna.samplers.TPESampler if name == "tpe" else optuna.samplers.RandomSampler)(**args)
         except TypeError as error:  # arguments meant for another sampler, e.g. left by an hparams_search file
             drop = " ".join(f"~hydra.sweeper.sampler_args.{key}" for key in self.options.get("sampler_args") or {})
-            raise SweepError(f"hydra.sweeper.sampler_args do not fit sampler={name} ({error}); drop them ({drop})") \
-                from None
+            raise SweepError(
+                f"hydra.sweeper.sampler_args do not fit sampler={name} ({error}); drop them ({drop})"
+            ) from None
 
     def recover_stale_trials(self, study: optuna.Study) -> None:
         """Trials a killed sweep left RUNNING: mark them failed (not counted) and queue their params
         again. A trial whose sweep process is still alive on this host is left alone."""
-        stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if not alive(t.user_attrs.get(OWNER, ""))]
+        stale = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not alive(t.user_attrs.get(OWNER, ""))
+        ]
         if stale:
-            log.info(f"Retrying {len(stale)} trial(s) an interrupted sweep left running: "
-                     f"{', '.join(str(t.number) for t in stale)}")
+            log.info(
+                f"Retrying {len(stale)} trial(s) an interrupted sweep left running: "
+                f"{', '.join(str(t.number) for t in stale)}"
+            )
             self.interrupted(study, [t.number for t in stale])
 
     @staticmethod
@@ -260,9 +288,15 @@ class OptunaSweep:
         """optimization_results.yaml in the sweep directory: the study, its best trial, counts by state."""
         trials = study.get_trials(deepcopy=False)
         counts = {state.name: sum(t.state == state for t in trials) for state in TrialState}
-        results: dict[str, Any] = {"name": "zoo_optuna", "study_name": study.study_name, "storage": self.storage_url,
-                                   "direction": study.direction.name.lower(), "metric": self.metric,
-                                   "n_trials": n_trials, "trials": {k: v for k, v in counts.items() if v}}
+        results: dict[str, Any] = {
+            "name": "zoo_optuna",
+            "study_name": study.study_name,
+            "storage": self.storage_url,
+            "direction": study.direction.name.lower(),
+            "metric": self.metric,
+            "n_trials": n_trials,
+            "trials": {k: v for k, v in counts.items() if v},
+        }
         if counts["COMPLETE"]:
             best = study.best_trial
             results.update(best_trial=best.number, best_value=best.value, best_params=best.params)
@@ -273,8 +307,9 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
     """GridSampler without its ``study.stop()`` once the grid is done, which works only inside
     ``study.optimize``; the sweep stops itself at n_trials, capped at the size of the grid."""
 
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         pass
 
 
@@ -297,9 +332,11 @@ def end(error: SweepError) -> typing.NoReturn:
 def finished(study: optuna.Study) -> int:
     """Trials that count toward n_trials: complete, pruned, or failed by their own error (not by a kill)."""
     interrupted = set(study.user_attrs.get(INTERRUPTED, []))
-    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               or (t.state == TrialState.FAIL and t.number not in interrupted)
-               for t in study.get_trials(deepcopy=False))
+    return sum(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and t.number not in interrupted)
+        for t in study.get_trials(deepcopy=False)
+    )
 
 
 def end_if_all_failed(study: optuna.Study) -> None:
@@ -309,8 +346,10 @@ def end_if_all_failed(study: optuna.Study) -> None:
     if not trials or any(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials):
         return
     first = next((t.user_attrs[ERROR] for t in trials if t.user_attrs.get(ERROR)), "no error recorded")
-    print(f"zoo: SweepError: all {len(trials)} trials of study {study.study_name} failed; the first: {first}",
-          file=sys.stderr)
+    print(
+        f"zoo: SweepError: all {len(trials)} trials of study {study.study_name} failed; the first: {first}",
+        file=sys.stderr,
+    )
     sys.exit(1)
 
 

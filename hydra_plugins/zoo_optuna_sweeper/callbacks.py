@@ -38,8 +38,14 @@ class TrialOfTheJob(Callback):
         from hydra_plugins.zoo_optuna_sweeper._files import read_yaml
 
         results = read_yaml(Path(str(hydra.sweep.dir)) / RESULTS, "start the sweep again")
-        os.environ.update({STORAGE_ENV: str(results["storage"]), STUDY_ENV: str(results["study_name"]),
-                           TRIAL_ENV: str(hydra.job.num), RAISE_ERRORS_ENV: "1"})
+        os.environ.update(
+            {
+                STORAGE_ENV: str(results["storage"]),
+                STUDY_ENV: str(results["study_name"]),
+                TRIAL_ENV: str(hydra.job.num),
+                RAISE_ERRORS_ENV: "1",
+            }
+        )
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         for key in (STORAGE_ENV, STUDY_ENV, TRIAL_ENV, RAISE_ERRORS_ENV):  # the next job in this process is its own

@@ -87,16 +87,19 @@ def read_sweep(path: Path) -> Sweep:
         results = read_yaml(path / RESULTS, fix)
         texts = ("study_name", "storage", "metric")
         if not isinstance(results, dict) or not all(isinstance(results.get(k), str | None) for k in texts):
-            raise SweepError(f"{path / RESULTS} is not the mapping the sweeper writes ({', '.join(texts)}: text); "
-                             f"{fix}")
+            raise SweepError(
+                f"{path / RESULTS} is not the mapping the sweeper writes ({', '.join(texts)}: text); {fix}"
+            )
         if results.get("study_name") and results.get("storage"):
             return read_optuna(path, results)
     jobs = job_dirs(path)
     if not jobs:
         hint = " (it holds a single run)" if (path / ".hydra").is_dir() else ""
-        raise NotASweep(f"{path} is not a multirun directory: no <job>/.hydra/overrides.yaml and no "
-                        f"optimization_results.yaml{hint}; pass what `zoo-train -m` printed, e.g. "
-                        f"outputs/<task_name>/multiruns/<date>")
+        raise NotASweep(
+            f"{path} is not a multirun directory: no <job>/.hydra/overrides.yaml and no "
+            f"optimization_results.yaml{hint}; pass what `zoo-train -m` printed, e.g. "
+            f"outputs/<task_name>/multiruns/<date>"
+        )
     return read_grid(path, jobs)
 
 
@@ -117,9 +120,16 @@ def read_grid(path: Path, jobs: list[Path]) -> Sweep:
         max_steps = setting(job, job_config(job), "trainer.max_steps", (int,), None)
         finished = bool(steps) and max_steps is not None and max(steps) + 1 >= max_steps
         state = "NO METRIC" if not values else "COMPLETE" if finished or max_steps is None else "INCOMPLETE"
-        trials.append(Trial(int(job.name) if job.name.isdigit() else i,
-                            {k: overrides[job][k][1] for k in swept if k in overrides[job]},
-                            values[-1] if values else None, state, best_of(values, mode), job))
+        trials.append(
+            Trial(
+                int(job.name) if job.name.isdigit() else i,
+                {k: overrides[job][k][1] for k in swept if k in overrides[job]},
+                values[-1] if values else None,
+                state,
+                best_of(values, mode),
+                job,
+            )
+        )
     return Sweep(path, metric, mode, trials, fixed, header=f"grid multirun, {len(jobs)} jobs")
 
 
@@ -133,27 +143,46 @@ def read_optuna(path: Path, results: dict[str, Any]) -> Sweep:
     jobs = job_dirs(path)
     metric = results.get("metric") or (monitor_of(jobs[0])[0] if jobs else "value")
     trials, log_params, categorical = [], set(), set()
-    retries = {t.user_attrs[RETRY_OF]: t.number for t in study.get_trials(deepcopy=False)
-               if isinstance(t.user_attrs.get(RETRY_OF), int)}
+    retries = {
+        t.user_attrs[RETRY_OF]: t.number
+        for t in study.get_trials(deepcopy=False)
+        if isinstance(t.user_attrs.get(RETRY_OF), int)
+    }
     for t in study.get_trials(deepcopy=False):
         job = Path(t.user_attrs[JOB_DIR]) if isinstance(t.user_attrs.get(JOB_DIR), str) else None
         values = logged(job, metric)[0] if job is not None and job.is_dir() else []
-        trials.append(Trial(t.number, dict(t.params), t.value if t.value is not None else
-                            (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None),
-                            t.state.name, best_of(values, mode), job,
-                            f"interrupted, retried as trial {retries[t.number]}" if t.number in retries
-                            else str(t.user_attrs.get(ERROR, ""))[:80]))
-        log_params |= {n for n, d in t.distributions.items()
-                       if isinstance(d, (FloatDistribution, IntDistribution)) and d.log}
+        trials.append(
+            Trial(
+                t.number,
+                dict(t.params),
+                t.value
+                if t.value is not None
+                else (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None),
+                t.state.name,
+                best_of(values, mode),
+                job,
+                f"interrupted, retried as trial {retries[t.number]}"
+                if t.number in retries
+                else str(t.user_attrs.get(ERROR, ""))[:80],
+            )
+        )
+        log_params |= {
+            n for n, d in t.distributions.items() if isinstance(d, (FloatDistribution, IntDistribution)) and d.log
+        }
         categorical |= {n for n, d in t.distributions.items() if isinstance(d, CategoricalDistribution)}
     fixed = []
     if jobs:
         common = [job_overrides(j) for j in jobs]
         searched = {n for t in trials for n in t.params}
-        fixed = [line for k, (line, _) in common[0].items()
-                 if k not in searched and all(c.get(k, (None,))[0] == line for c in common)]
-    header = (f"Optuna study `{study.study_name}` ({results['storage']}), {study.direction.name.lower()} {metric}, "
-              f"{len(trials)} trials: {by_state(trials)}")
+        fixed = [
+            line
+            for k, (line, _) in common[0].items()
+            if k not in searched and all(c.get(k, (None,))[0] == line for c in common)
+        ]
+    header = (
+        f"Optuna study `{study.study_name}` ({results['storage']}), {study.direction.name.lower()} {metric}, "
+        f"{len(trials)} trials: {by_state(trials)}"
+    )
     return Sweep(path, metric, mode, trials, fixed, log_params, categorical, header)
 
 
@@ -166,8 +195,10 @@ def summary(sweep: Sweep) -> list[str]:
         lines.append(f"no trial completed with {sweep.metric}: see each trial's run directory")
     else:
         params = " ".join(f"{k}={fmt_param(v)}" for k, v in best.params.items())
-        lines.append(f"best trial: {best.number}, {sweep.metric} = {best.value:.6g} "
-                     f"({'lowest' if sweep.mode == 'min' else 'highest'}), with {params or 'the fixed settings'}")
+        lines.append(
+            f"best trial: {best.number}, {sweep.metric} = {best.value:.6g} "
+            f"({'lowest' if sweep.mode == 'min' else 'highest'}), with {params or 'the fixed settings'}"
+        )
         if best.job_dir is not None:
             lines.append(f"its run directory: {best.job_dir}")
     lines.append(f"every trial, and plots: zoo-sweep-report {sweep.path}")
@@ -196,18 +227,26 @@ def load_study_read_only(results: Path, study_name: str, url: str) -> Any:
     if url.startswith("sqlite:"):
         file = Path(url.removeprefix("sqlite:").removeprefix("///").partition("?")[0])
         if not url.startswith("sqlite:///") or not file.is_file():
-            raise NotASweep(f"{where} is not an existing sqlite file; the report only reads a study, never creates "
-                            f"one: point storage: at the sweep's database (the sweep printed it)")
+            raise NotASweep(
+                f"{where} is not an existing sqlite file; the report only reads a study, never creates "
+                f"one: point storage: at the sweep's database (the sweep printed it)"
+            )
         url = f"sqlite:///file:{quote(str(file.resolve()))}?mode=ro&uri=true"  # quote() also escapes { }
     try:
         storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
         return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         raise NotASweep(f"{where} holds no study {study_name!r}; check study_name: in the file") from None
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.OptunaError, ImportError, ValueError,
-            RuntimeError) as error:
-        raise NotASweep(f"{where} cannot be read as an Optuna study ({first_line(error)}); point storage: at the "
-                        f"sweep's database") from None
+    except (
+        sqlalchemy.exc.SQLAlchemyError,
+        optuna.exceptions.OptunaError,
+        ImportError,
+        ValueError,
+        RuntimeError,
+    ) as error:
+        raise NotASweep(
+            f"{where} cannot be read as an Optuna study ({first_line(error)}); point storage: at the sweep's database"
+        ) from None
 
 
 def best_of(values: list[float], mode: str) -> float | None:
@@ -228,21 +267,36 @@ def markdown(sweep: Sweep) -> str:
     lines = [f"# Sweep report: {sweep.path}", "", f"{sweep.header}; {sweep.metric}: {better} is better."]
     best = sweep.best_trial()
     if best is not None:
-        lines.append(f"Best: trial {best.number}, {sweep.metric} = {best.value:.4g} "
-                     f"({', '.join(f'{k}={fmt(v)}' for k, v in best.params.items())}).")
+        lines.append(
+            f"Best: trial {best.number}, {sweep.metric} = {best.value:.4g} "
+            f"({', '.join(f'{k}={fmt(v)}' for k, v in best.params.items())})."
+        )
     if sweep.fixed:
         lines.append("Fixed overrides: " + " ".join(f"`{o}`" for o in sweep.fixed))
     params = sweep.params
     notes = any(t.note for t in sweep.trials)
     head = ["trial", "state", sweep.metric, f"best {sweep.metric}", *params, "run dir", *(["note"] if notes else [])]
-    lines += ["", "| " + " | ".join(head) + " |",
-              "|" + "|".join(["---:", "---", "---:", "---:", *["---"] * (len(head) - 4)]) + "|"]
+    lines += [
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---:", "---", "---:", "---:", *["---"] * (len(head) - 4)]) + "|",
+    ]
     for t in sweep.trials:
         mark = " ★" if t is best else ""
-        job = "" if t.job_dir is None else (t.job_dir.name if t.job_dir.parent.resolve() == sweep.path.resolve()
-                                            else str(t.job_dir))
-        row = [f"{t.number}{mark}", t.state, fmt(t.value), fmt(t.best), *(fmt(t.params.get(p)) for p in params), job,
-               *([fmt(t.note)] if notes else [])]
+        job = (
+            ""
+            if t.job_dir is None
+            else (t.job_dir.name if t.job_dir.parent.resolve() == sweep.path.resolve() else str(t.job_dir))
+        )
+        row = [
+            f"{t.number}{mark}",
+            t.state,
+            fmt(t.value),
+            fmt(t.best),
+            *(fmt(t.params.get(p)) for p in params),
+            job,
+            *([fmt(t.note)] if notes else []),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -263,8 +317,9 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
         values = [t.params[name] for t in shown]
-        numeric = name not in sweep.categorical and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                        for v in values)
+        numeric = name not in sweep.categorical and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        )
         if numeric:
             xs = [float(v) for v in values]
         else:
@@ -275,16 +330,24 @@ def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
             ax.set_xticks(range(len(categories)), categories)
             jitter = [((t.number * 0.618) % 1 - 0.5) * 0.25 for t in shown]
             xs = [position[str(v)] + j for v, j in zip(values, jitter, strict=True)]
-        for state, style in (("COMPLETE", {"color": "tab:blue", "label": "complete"}),
-                             ("PRUNED", {"facecolors": "none", "edgecolors": "tab:orange",
-                                         "label": "pruned (last report)"}),
-                             ("INCOMPLETE", {"facecolors": "none", "edgecolors": "tab:gray", "label": "incomplete"})):
+        for state, style in (
+            ("COMPLETE", {"color": "tab:blue", "label": "complete"}),
+            ("PRUNED", {"facecolors": "none", "edgecolors": "tab:orange", "label": "pruned (last report)"}),
+            ("INCOMPLETE", {"facecolors": "none", "edgecolors": "tab:gray", "label": "incomplete"}),
+        ):
             pts = [(x, t.value) for x, t in zip(xs, shown, strict=True) if t.state == state]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), s=36, zorder=3, **style)
         if best is not None and best in shown:
-            ax.scatter([xs[shown.index(best)]], [best.value], marker="*", s=220, color="tab:red", zorder=4,
-                       label=f"best (trial {best.number})")
+            ax.scatter(
+                [xs[shown.index(best)]],
+                [best.value],
+                marker="*",
+                s=220,
+                color="tab:red",
+                zorder=4,
+                label=f"best (trial {best.number})",
+            )
         if numeric and (name in sweep.log_params or (min(xs) > 0 and max(xs) / min(xs) >= 100)):
             ax.set_xscale("log")
         ax.set_xlabel(name)
@@ -319,8 +382,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SweepError as error:  # NotASweep, or a damaged file or storage: the message names it
         end(f"{type(error).__name__}: {error}")
     except OSError as error:
-        end(f"OSError: cannot read {error.filename or args.sweep_dir}: {error.strerror}; check that the folder is "
-            f"readable")
+        end(
+            f"OSError: cannot read {error.filename or args.sweep_dir}: {error.strerror}; check that the folder is "
+            f"readable"
+        )
     text = markdown(sweep)
     try:
         plots = [] if args.no_plots else plot(sweep, args.sweep_dir)
@@ -328,8 +393,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
         (args.sweep_dir / REPORT).write_text(text)
     except OSError as error:
-        end(f"OSError: cannot write {error.filename or args.sweep_dir}: {error.strerror}; the report writes "
-            f"{REPORT} and its plots into the sweep folder: make it writable (or move what is in the way)")
+        end(
+            f"OSError: cannot write {error.filename or args.sweep_dir}: {error.strerror}; the report writes "
+            f"{REPORT} and its plots into the sweep folder: make it writable (or move what is in the way)"
+        )
     print(text)
     print(f"written: {args.sweep_dir / REPORT}" + "".join(f", {p.name}" for p in plots))
 
@@ -337,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def end(message: str) -> typing.NoReturn:
     print(f"zoo: {message}", file=sys.stderr)
     sys.exit(2)
+
 
 if __name__ == "__main__":
     main()

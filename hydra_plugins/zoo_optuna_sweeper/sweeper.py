@@ -69,8 +69,9 @@ class ZooOptunaSweeperConf:
     storage: str | None = None
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="zoo_optuna", node=ZooOptunaSweeperConf,
-                             provider="zoo_optuna_sweeper")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="zoo_optuna", node=ZooOptunaSweeperConf, provider="zoo_optuna_sweeper"
+)
 
 
 class ZooOptunaSweeper(Sweeper):
@@ -78,8 +79,9 @@ class ZooOptunaSweeper(Sweeper):
     return value (the monitored metric), a pruned job as PRUNED and a failed one as FAIL."""
 
     def __init__(self, **options: Any) -> None:
-        self.options = {k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig) else v
-                        for k, v in options.items()}
+        self.options = {
+            k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig) else v for k, v in options.items()
+        }
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -88,8 +90,9 @@ class ZooOptunaSweeper(Sweeper):
         from hydra.core.plugins import Plugins
 
         self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
-                                                                task_function=task_function, config=config)
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
     def sweep(self, arguments: list[str]) -> Any:
         from hydra_plugins.zoo_optuna_sweeper._study import OptunaSweep

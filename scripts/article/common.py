@@ -88,15 +88,30 @@ def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]
     from tasks.cli.train import train
 
     run_dir = claim_fresh(ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name))  # a name Hydra's grammar takes
-    args = [f"experiment={experiment}", *overrides, f"paths.output_dir={run_dir}", "test=false",
-            "callbacks=none", "logger=csv", "++trainer.enable_progress_bar=false",
-            "++trainer.enable_checkpointing=false", "++trainer.enable_model_summary=false"]
+    args = [
+        f"experiment={experiment}",
+        *overrides,
+        f"paths.output_dir={run_dir}",
+        "test=false",
+        "callbacks=none",
+        "logger=csv",
+        "++trainer.enable_progress_bar=false",
+        "++trainer.enable_checkpointing=false",
+        "++trainer.enable_model_summary=false",
+    ]
     if ctx.tokenizer is not None:
         args.append(f"data.tokenizer_path={ctx.tokenizer}")
     if ctx.quick:
-        args += ["trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
-                 "trainer.log_every_n_steps=1", "data.source_args.max_files=40", "data.vocab_size=512",
-                 "task.sample_tokens=2", "trainer.num_sanity_val_steps=0"]
+        args += [
+            "trainer.max_steps=6",
+            "trainer.val_check_interval=3",
+            "trainer.limit_val_batches=2",
+            "trainer.log_every_n_steps=1",
+            "data.source_args.max_files=40",
+            "data.vocab_size=512",
+            "task.sample_tokens=2",
+            "trainer.num_sanity_val_steps=0",
+        ]
     train(compose_train(args))
     return run_dir
 

@@ -44,12 +44,15 @@ COMMAND = "python scripts/article/run.py"
 
 def machine() -> str:
     """A one-line description of this machine for the results page."""
-    return (f"{os.cpu_count()}-core CPU ({platform.machine()}, {platform.system()}), "
-            f"Python {platform.python_version()}, torch {torch.__version__}")
+    return (
+        f"{os.cpu_count()}-core CPU ({platform.machine()}, {platform.system()}), "
+        f"Python {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
-def run(only: Sequence[int], out: Path, work: Path, quick: bool = False, threads: int = 1,
-        command: str = COMMAND) -> dict[str, Any]:
+def run(
+    only: Sequence[int], out: Path, work: Path, quick: bool = False, threads: int = 1, command: str = COMMAND
+) -> dict[str, Any]:
     """Run the chosen experiments, merge them into ``out/results.json`` and rewrite ``out/README.md``."""
     from tasks.cli.common import register_configs
 
@@ -63,8 +66,13 @@ def run(only: Sequence[int], out: Path, work: Path, quick: bool = False, threads
     ctx = Context(out=out, work=work, quick=quick)
     trains = any(EXPERIMENTS[n].TRAINS for n in only)
     start = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         progress.add_task("article", total=sum(EXPERIMENTS[n].UNITS for n in only) + int(trains))
         ctx.progress = progress
         if trains:
@@ -76,15 +84,22 @@ def run(only: Sequence[int], out: Path, work: Path, quick: bool = False, threads
             result = EXPERIMENTS[number].run(ctx)
             result.seconds = time.perf_counter() - t0
             results["experiments"][str(number)] = result.to_dict()
-            console.log(f"experiment {number} ({EXPERIMENTS[number].NAME}): agreement {result.agreement}, "
-                        f"{result.seconds:.0f} s")
+            console.log(
+                f"experiment {number} ({EXPERIMENTS[number].NAME}): agreement {result.agreement}, "
+                f"{result.seconds:.0f} s"
+            )
             path.write_text(json.dumps(results, indent=1, default=float))
     total = time.perf_counter() - start
     seconds = {k: v["seconds"] for k, v in results["experiments"].items()}
-    results["meta"] = {"command": command, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                       "machine": machine(), "threads": threads, "quick": quick,
-                       "total_seconds": total if set(only) == set(EXPERIMENTS) else sum(seconds.values()),
-                       "last_run_seconds": total}
+    results["meta"] = {
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "threads": threads,
+        "quick": quick,
+        "total_seconds": total if set(only) == set(EXPERIMENTS) else sum(seconds.values()),
+        "last_run_seconds": total,
+    }
     path.write_text(json.dumps(results, indent=1, default=float))
     write_page(out, results, EXPERIMENTS)
     return results
@@ -92,13 +107,23 @@ def run(only: Sequence[int], out: Path, work: Path, quick: bool = False, threads
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="scripts/article/run.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--only", type=int, nargs="+", choices=sorted(EXPERIMENTS), default=sorted(EXPERIMENTS),
-                        help="experiment numbers to run (default: all six)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where the page, PNGs and JSON go (default: outputs/reproduce/<date>; the committed "
-                             "page: docs/article)")
-    parser.add_argument("--work", type=Path, default=None, help="training run directories (default: a fresh "
-                                                                  "temporary folder)")
+    parser.add_argument(
+        "--only",
+        type=int,
+        nargs="+",
+        choices=sorted(EXPERIMENTS),
+        default=sorted(EXPERIMENTS),
+        help="experiment numbers to run (default: all six)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the page, PNGs and JSON go (default: outputs/reproduce/<date>; the committed page: docs/article)",
+    )
+    parser.add_argument(
+        "--work", type=Path, default=None, help="training run directories (default: a fresh temporary folder)"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run of each experiment (seconds)")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads (1 is fastest on shared cores)")
     args = parser.parse_args(argv)

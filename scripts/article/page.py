@@ -34,23 +34,48 @@ def write_page(out: Path, results: dict[str, Any], experiments: Mapping[int, Mod
 
 
 def _intro(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
-    return ["# The article's claims at small scale", "",
-            f"Six claims of {ARTICLE} tested on a small CPU. Command of the last run: "
-            f"`{meta['command']}` (records of earlier runs are kept).  ",
-            f"Date: {meta['date']}. Machine: {meta['machine']}. Total time: {meta['total_seconds'] / 60:.1f} min "
-            f"({meta['threads']} PyTorch thread; the cores were shared with other work).", "",
-            "Trained experiments (1-3) run zoo-train's `train()` on `conf/experiment/ablation_*.yaml`; 4-6 "
-            "measure the library. Everything is seeded; numbers are from one seed at tiny scale and say what "
-            "happens here, not what happens at the article's scale.", "",
-            md_table(["#", "experiment", "agreement", "time"],
-                     [[r["number"], f"[{r['title']}](#{r['number']})", r["agreement"], f"{r['seconds']:.0f} s"]
-                      for r in records]), ""]
+    return [
+        "# The article's claims at small scale",
+        "",
+        f"Six claims of {ARTICLE} tested on a small CPU. Command of the last run: "
+        f"`{meta['command']}` (records of earlier runs are kept).  ",
+        f"Date: {meta['date']}. Machine: {meta['machine']}. Total time: {meta['total_seconds'] / 60:.1f} min "
+        f"({meta['threads']} PyTorch thread; the cores were shared with other work).",
+        "",
+        "Trained experiments (1-3) run zoo-train's `train()` on `conf/experiment/ablation_*.yaml`; 4-6 "
+        "measure the library. Everything is seeded; numbers are from one seed at tiny scale and say what "
+        "happens here, not what happens at the article's scale.",
+        "",
+        md_table(
+            ["#", "experiment", "agreement", "time"],
+            [
+                [r["number"], f"[{r['title']}](#{r['number']})", r["agreement"], f"{r['seconds']:.0f} s"]
+                for r in records
+            ],
+        ),
+        "",
+    ]
 
 
 def _section(r: dict[str, Any], page_tables: Callable[[dict[str, Any]], list[str]] | None) -> list[str]:
-    parts = [f'<a id="{r["number"]}"></a>', f"## {r['number']}. {r['title']}", "",
-             f"**Claim.** {r['claim']}", "", f"**Setup.** {r['setup']}", "", md_table(r["headers"], r["rows"]), ""]
+    parts = [
+        f'<a id="{r["number"]}"></a>',
+        f"## {r['number']}. {r['title']}",
+        "",
+        f"**Claim.** {r['claim']}",
+        "",
+        f"**Setup.** {r['setup']}",
+        "",
+        md_table(r["headers"], r["rows"]),
+        "",
+    ]
     if page_tables is not None:
         parts += page_tables(r)
-    return parts + [f"![{r['title']}]({r['figure']})", "", f"**What we saw.** {r['observed']}", "",
-                    f"**Agrees with the article:** {r['agreement']}. Time: {r['seconds']:.0f} s.", ""]
+    return parts + [
+        f"![{r['title']}]({r['figure']})",
+        "",
+        f"**What we saw.** {r['observed']}",
+        "",
+        f"**Agrees with the article:** {r['agreement']}. Time: {r['seconds']:.0f} s.",
+        "",
+    ]

@@ -16,14 +16,18 @@ TRAINS = True
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5_relative")
 SCALED_SINUSOIDAL = "sinusoidal x sqrt(d)"  # the same encoding with model.embed_scale=sqrt(d_model)
 UNITS = len(POSITIONS) + 2  # the five, sinusoidal x sqrt(d), the evaluation
-CLAIM = ("Absolute positions extrapolate badly past the training window; relative biases (T5) better; RoPE works "
-         "inside the window but degrades outside it; ALiBi's linear distance penalty extrapolates well (article "
-         "section 4, after Press et al. 2022).")
-SETUP = ("`zoo-train experiment=ablation_positions model/position=<p>` for p in {positions}, and sinusoidal with "
-         "`model.embed_scale=sqrt(d_model)` ({scaled!r}): gpt-tiny (2 layers, d_model 128, 4 heads), 200 steps on "
-         "16 x {L}-token blocks of stdlib source; test perplexity on {tokens} test tokens cut into blocks of L, 2L, "
-         "4L, 8L (every position of a block counts). rope+PI = the trained rope model with `rope_scaling=linear`, "
-         "`rope_scaling_factor=n/L`, no fine-tuning.")
+CLAIM = (
+    "Absolute positions extrapolate badly past the training window; relative biases (T5) better; RoPE works "
+    "inside the window but degrades outside it; ALiBi's linear distance penalty extrapolates well (article "
+    "section 4, after Press et al. 2022)."
+)
+SETUP = (
+    "`zoo-train experiment=ablation_positions model/position=<p>` for p in {positions}, and sinusoidal with "
+    "`model.embed_scale=sqrt(d_model)` ({scaled!r}): gpt-tiny (2 layers, d_model 128, 4 heads), 200 steps on "
+    "16 x {L}-token blocks of stdlib source; test perplexity on {tokens} test tokens cut into blocks of L, 2L, "
+    "4L, 8L (every position of a block counts). rope+PI = the trained rope model with `rope_scaling=linear`, "
+    "`rope_scaling_factor=n/L`, no fine-tuning."
+)
 
 
 @torch.no_grad()
@@ -70,9 +74,18 @@ def run(ctx: Context) -> Result:
     ratio = {name: ppl[name][8 * L] / ppl[name][L] for name in ppl}
     rows = [[name, *(f"{ppl[name][n]:.1f}" for n in lengths), f"{ratio[name]:.2f}"] for name in ppl]
     setup = SETUP.format(positions=list(POSITIONS), scaled=SCALED_SINUSOIDAL, L=L, tokens=blocks[L].numel())
-    return Result(NUMBER, TITLE, CLAIM, setup, ["position", *(f"ppl @ {n}" for n in lengths), "ppl 8L / L"], rows,
-                  _figure(ctx, ppl, lengths), _observed(ppl, ratio, L), _agreement(ratio),
-                  data={"lengths": lengths, "ppl": {k: {str(n): v for n, v in d.items()} for k, d in ppl.items()}})
+    return Result(
+        NUMBER,
+        TITLE,
+        CLAIM,
+        setup,
+        ["position", *(f"ppl @ {n}" for n in lengths), "ppl 8L / L"],
+        rows,
+        _figure(ctx, ppl, lengths),
+        _observed(ppl, ratio, L),
+        _agreement(ratio),
+        data={"lengths": lengths, "ppl": {k: {str(n): v for n, v in d.items()} for k, d in ppl.items()}},
+    )
 
 
 def _train(ctx: Context, L: int) -> dict[str, Path]:
@@ -109,8 +122,13 @@ def _figure(ctx: Context, ppl: dict[str, dict[int, float]], lengths: list[int]) 
     for name, values in ppl.items():
         ax.plot(lengths, [values[n] for n in lengths], "--o" if name == "rope+PI" else "-o", label=name)
     ax.axvline(lengths[0], color="grey", linewidth=0.8, linestyle=":")
-    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="test perplexity (log)",
-           title=f"Length extrapolation: trained at {lengths[0]} tokens")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="evaluation length (tokens)",
+        ylabel="test perplexity (log)",
+        title=f"Length extrapolation: trained at {lengths[0]} tokens",
+    )
     plain_log_x(ax, lengths)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -119,32 +137,43 @@ def _figure(ctx: Context, ppl: dict[str, dict[int, float]], lengths: list[int]) 
 
 def _observed(ppl: dict[str, dict[int, float]], ratio: dict[str, float], L: int) -> str:
     good = sorted(ratio, key=ratio.get)
-    text = ("Perplexity at 8L over perplexity at L: " + ", ".join(f"{n} {ratio[n]:.2f}" for n in good)
-            + f". Best extrapolation: {good[0]}; worst: {good[-1]}. Learned positions were built with "
-            f"max_seq_len={8 * L} (rows past {L} exist but are never trained), not reported as N/A. "
-            "Position interpolation is applied without fine-tuning.")
+    text = (
+        "Perplexity at 8L over perplexity at L: "
+        + ", ".join(f"{n} {ratio[n]:.2f}" for n in good)
+        + f". Best extrapolation: {good[0]}; worst: {good[-1]}. Learned positions were built with "
+        f"max_seq_len={8 * L} (rows past {L} exist but are never trained), not reported as N/A. "
+        "Position interpolation is applied without fine-tuning."
+    )
     at_L = sorted(values[L] for name, values in ppl.items() if name != "rope+PI")
     median = at_L[len(at_L) // 2]
     if "sinusoidal" in ppl and ppl["sinusoidal"][L] > 2 * median:
-        text += (f" Sinusoidal barely trained (perplexity {ppl['sinusoidal'][L]:.0f} at L against a median of "
-                 f"{median:.1f}): unit-amplitude sines added to token embeddings of std 0.02 swamp the content at "
-                 "the start; its ratio says little.")
+        text += (
+            f" Sinusoidal barely trained (perplexity {ppl['sinusoidal'][L]:.0f} at L against a median of "
+            f"{median:.1f}): unit-amplitude sines added to token embeddings of std 0.02 swamp the content at "
+            "the start; its ratio says little."
+        )
     if SCALED_SINUSOIDAL in ppl:
-        text += (f" With the token embeddings scaled by sqrt(d_model) (`model.embed_scale`, as Vaswani et al. do) "
-                 f"sinusoidal reaches perplexity {ppl[SCALED_SINUSOIDAL][L]:.1f} at L and "
-                 f"{ppl[SCALED_SINUSOIDAL][8 * L]:.1f} at 8L (ratio {ratio[SCALED_SINUSOIDAL]:.2f}).")
+        text += (
+            f" With the token embeddings scaled by sqrt(d_model) (`model.embed_scale`, as Vaswani et al. do) "
+            f"sinusoidal reaches perplexity {ppl[SCALED_SINUSOIDAL][L]:.1f} at L and "
+            f"{ppl[SCALED_SINUSOIDAL][8 * L]:.1f} at 8L (ratio {ratio[SCALED_SINUSOIDAL]:.2f})."
+        )
     if "learned" in ratio and ratio["learned"] < 1.1:
-        text += (" Learned positions did not collapse past their trained rows: those rows keep their small random "
-                 "initialisation (std 0.02), so beyond L the model runs almost without position input, which a "
-                 "causal decoder tolerates (it can infer order from the mask).")
+        text += (
+            " Learned positions did not collapse past their trained rows: those rows keep their small random "
+            "initialisation (std 0.02), so beyond L the model runs almost without position input, which a "
+            "causal decoder tolerates (it can infer order from the mask)."
+        )
     return text
 
 
 def _agreement(ratio: dict[str, float]) -> str:
     trained = {k: v for k, v in ratio.items() if k != "rope+PI"}
     absolute = [trained[k] for k in ("learned", "sinusoidal", SCALED_SINUSOIDAL) if k in trained]
-    claims = [trained["alibi"] <= 1.05 * min(trained.values()),  # ALiBi extrapolates best (within 5%)
-              all(a > trained["alibi"] for a in absolute),  # absolute positions worse than ALiBi
-              trained["rope"] > trained["alibi"],  # RoPE degrades outside the window
-              "t5_relative" not in trained or trained["t5_relative"] < min(absolute)]  # relative beats absolute
+    claims = [
+        trained["alibi"] <= 1.05 * min(trained.values()),  # ALiBi extrapolates best (within 5%)
+        all(a > trained["alibi"] for a in absolute),  # absolute positions worse than ALiBi
+        trained["rope"] > trained["alibi"],  # RoPE degrades outside the window
+        "t5_relative" not in trained or trained["t5_relative"] < min(absolute),
+    ]  # relative beats absolute
     return "yes" if all(claims) else "partial" if claims[1] else "no"

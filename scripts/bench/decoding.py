@@ -70,8 +70,11 @@ def decoders(hf: Any, ours: zoo.ZooModel, prompt: torch.Tensor, new: int) -> dic
     common = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     compile_config = CompileConfig(mode="default")  # reduce-overhead means CUDA graphs; there are none on a CPU
     compile_config._compile_all_devices = True  # transformers' switch for compiling on the CPU
-    static = GenerationConfig(cache_implementation="static", compile_config=compile_config, **{
-        k: v for k, v in common.items() if k != "attention_mask"})
+    static = GenerationConfig(
+        cache_implementation="static",
+        compile_config=compile_config,
+        **{k: v for k, v in common.items() if k != "attention_mask"},
+    )
     return {
         "zoo": lambda: ours.generate(prompt, new, eos_token_id=None),
         "zoo compiled": lambda: ours.generate(prompt, new, eos_token_id=None, compile=True),
@@ -80,8 +83,9 @@ def decoders(hf: Any, ours: zoo.ZooModel, prompt: torch.Tensor, new: int) -> dic
     }
 
 
-def rates(calls: dict[str, Callable[[], torch.Tensor]], tokens: int, rounds: int, warmup: int
-          ) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
+def rates(
+    calls: dict[str, Callable[[], torch.Tensor]], tokens: int, rounds: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
     """tokens/s of each call over ``rounds`` rounds in rotating order, after ``warmup`` untimed calls;
     and each call's output."""
     outputs = {}
@@ -91,7 +95,7 @@ def rates(calls: dict[str, Callable[[], torch.Tensor]], tokens: int, rounds: int
     measured: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             calls[name]()
             measured[name].append(tokens / (time.perf_counter() - start))
@@ -108,49 +112,79 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for batch in args.batches:
         prompt = torch.randint(5, args.vocab, (batch, 16), generator=torch.Generator().manual_seed(batch))
         with torch.inference_mode():
-            measured, outputs = rates(decoders(hf, ours, prompt, args.new_tokens), batch * args.new_tokens,
-                                      args.rounds, args.warmup)
+            measured, outputs = rates(
+                decoders(hf, ours, prompt, args.new_tokens), batch * args.new_tokens, args.rounds, args.warmup
+            )
         medians = {name: statistics.median(values) for name, values in measured.items()}
         best_hf = max(medians["hf"], medians["hf static compiled"])
         same = all(torch.equal(out, outputs["zoo"]) for out in outputs.values())
         for name in VARIANTS:
             values = measured[name]
             steps_per_s = medians[name] / batch  # each step reads every weight once, whatever the batch
-            rows.append({"batch": batch, "variant": name, "tokens_per_s": medians[name],
-                         "spread": [min(values), max(values)], "vs_best_hf": medians[name] / best_hf,
-                         "bandwidth_fraction": {k: steps_per_s * weight_bytes / b for k, b in bandwidth.items()},
-                         "same_tokens": same})
+            rows.append(
+                {
+                    "batch": batch,
+                    "variant": name,
+                    "tokens_per_s": medians[name],
+                    "spread": [min(values), max(values)],
+                    "vs_best_hf": medians[name] / best_hf,
+                    "bandwidth_fraction": {k: steps_per_s * weight_bytes / b for k, b in bandwidth.items()},
+                    "same_tokens": same,
+                }
+            )
             _report(rows[-1])
-    return {"weights_mib": weight_bytes / 2**20, "copy_gib_per_s": {k: b / 2**30 for k, b in bandwidth.items()},
-            "bound_steps_per_s": {k: b / weight_bytes for k, b in bandwidth.items()}, "rows": rows}
+    return {
+        "weights_mib": weight_bytes / 2**20,
+        "copy_gib_per_s": {k: b / 2**30 for k, b in bandwidth.items()},
+        "bound_steps_per_s": {k: b / weight_bytes for k, b in bandwidth.items()},
+        "rows": rows,
+    }
 
 
 def _report(row: dict[str, Any]) -> None:
-    print(f"batch {row['batch']} {row['variant']:>20}: {row['tokens_per_s']:8.1f} tok/s "
-          f"({row['vs_best_hf']:.2f}x the faster HF)", flush=True)
+    print(
+        f"batch {row['batch']} {row['variant']:>20}: {row['tokens_per_s']:8.1f} tok/s "
+        f"({row['vs_best_hf']:.2f}x the faster HF)",
+        flush=True,
+    )
 
 
 def print_table(out: dict[str, Any]) -> None:
     gib, bound = out["copy_gib_per_s"], out["bound_steps_per_s"]
-    table = Table(title=f"greedy decoding, {out['config']['new_tokens']} new tokens, weights "
-                        f"{out['weights_mib']:.1f} MiB; copy bandwidth {gib['memory']:.1f} GiB/s in memory "
-                        f"(bound {bound['memory']:.0f} steps/s), {gib['weights-sized']:.1f} GiB/s weights-sized "
-                        f"(bound {bound['weights-sized']:.0f} steps/s)")
-    for column in ("batch", "variant", "tok/s (min..max)", "vs faster HF", "of memory bound", "of weights-sized",
-                   "same tokens"):
+    table = Table(
+        title=f"greedy decoding, {out['config']['new_tokens']} new tokens, weights "
+        f"{out['weights_mib']:.1f} MiB; copy bandwidth {gib['memory']:.1f} GiB/s in memory "
+        f"(bound {bound['memory']:.0f} steps/s), {gib['weights-sized']:.1f} GiB/s weights-sized "
+        f"(bound {bound['weights-sized']:.0f} steps/s)"
+    )
+    for column in (
+        "batch",
+        "variant",
+        "tok/s (min..max)",
+        "vs faster HF",
+        "of memory bound",
+        "of weights-sized",
+        "same tokens",
+    ):
         table.add_column(column, justify="left" if column == "variant" else "right")
     for row in out["rows"]:
         fraction = row["bandwidth_fraction"]
-        table.add_row(str(row["batch"]), row["variant"],
-                      f"{row['tokens_per_s']:,.0f} ({row['spread'][0]:,.0f}..{row['spread'][1]:,.0f})",
-                      f"{row['vs_best_hf']:.2f}x", f"{fraction['memory']:.0%}", f"{fraction['weights-sized']:.0%}",
-                      str(row["same_tokens"]))
+        table.add_row(
+            str(row["batch"]),
+            row["variant"],
+            f"{row['tokens_per_s']:,.0f} ({row['spread'][0]:,.0f}..{row['spread'][1]:,.0f})",
+            f"{row['vs_best_hf']:.2f}x",
+            f"{fraction['memory']:.0%}",
+            f"{fraction['weights-sized']:.0%}",
+            str(row["same_tokens"]),
+        )
     Console().print(table)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/bench/decoding.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench/decoding.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--d-model", type=int, default=384)
     parser.add_argument("--heads", type=int, default=6)

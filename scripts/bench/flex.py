@@ -35,17 +35,33 @@ from device import time_steps  # noqa: E402
 import zoo  # noqa: E402
 from zoo.attention import SelfAttention  # noqa: E402
 
-RUNS = [("rope", "sdpa"), ("alibi", "flex"), ("alibi", "auto"), ("alibi", "sdpa"), ("t5_relative", "flex"),
-        ("t5_relative", "auto"), ("t5_relative", "sdpa")]
+RUNS = [
+    ("rope", "sdpa"),
+    ("alibi", "flex"),
+    ("alibi", "auto"),
+    ("alibi", "sdpa"),
+    ("t5_relative", "flex"),
+    ("t5_relative", "auto"),
+    ("t5_relative", "sdpa"),
+]
 
 
-def bench_flex_training(position: str, attention: str, *, batch: int, length: int, steps: int, d_model: int,
-                        n_layers: int, device: str) -> dict[str, Any]:
+def bench_flex_training(
+    position: str, attention: str, *, batch: int, length: int, steps: int, d_model: int, n_layers: int, device: str
+) -> dict[str, Any]:
     """Tokens/s of a decoder (causal mask) with this position encoding and attention kernel: a bf16
     autocast AdamW training step on CUDA, a plain forward on the CPU."""
     cuda = device.startswith("cuda")
-    cfg = zoo.ModelConfig(arch="decoder", vocab_size=8192, d_model=d_model, n_layers=n_layers,
-                          n_heads=d_model // 64, max_seq_len=length, position=position, attention=attention)
+    cfg = zoo.ModelConfig(
+        arch="decoder",
+        vocab_size=8192,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=d_model // 64,
+        max_seq_len=length,
+        position=position,
+        attention=attention,
+    )
     with torch.device(device):
         model = zoo.build_model(cfg, seed=0).train(cuda)
     received = []  # what each self-attention layer got: FlexMods or a dense mask
@@ -63,15 +79,24 @@ def bench_flex_training(position: str, attention: str, *, batch: int, length: in
             opt.zero_grad(set_to_none=True)
 
     seconds = time_steps(step, steps, warmup=2, cuda=cuda)  # the warm-up compiles flex_attention
-    return {"position": position, "attention": attention, "train": cuda, "batch": batch, "length": length,
-            "d_model": d_model, "n_layers": n_layers, "tokens_per_s": batch * length * steps / seconds,
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-            "flex_mods": bool(received) and all(received)}
+    return {
+        "position": position,
+        "attention": attention,
+        "train": cuda,
+        "batch": batch,
+        "length": length,
+        "d_model": d_model,
+        "n_layers": n_layers,
+        "tokens_per_s": batch * length * steps / seconds,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "flex_mods": bool(received) and all(received),
+    }
 
 
 def flex_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(prog="scripts/bench/flex.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench/flex.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per step: batch = tokens // length")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--steps", type=int, default=10)
@@ -87,16 +112,25 @@ def flex_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            row = bench_flex_training(position, attention, batch=max(1, args.tokens // length), length=length,
-                                      steps=args.steps, d_model=args.d_model, n_layers=args.n_layers,
-                                      device=args.device)
+            row = bench_flex_training(
+                position,
+                attention,
+                batch=max(1, args.tokens // length),
+                length=length,
+                steps=args.steps,
+                d_model=args.d_model,
+                n_layers=args.n_layers,
+                device=args.device,
+            )
             rope = row["tokens_per_s"] if position == "rope" else rope
             row["vs_rope"] = row["tokens_per_s"] / rope if rope else None
             rows.append(row)
             what = "training" if row["train"] else "forward only (CPU dry run)"
             memory = "" if row["peak_memory_gib"] is None else f", peak {row['peak_memory_gib']:.2f} GiB"
-            console.print(f"T={length:<5d} {position:12s} {attention:5s} {what}: {row['tokens_per_s']:,.0f} tokens/s "
-                          f"({row['vs_rope']:.2f} x rope{memory}; flex_mods={row['flex_mods']})")
+            console.print(
+                f"T={length:<5d} {position:12s} {attention:5s} {what}: {row['tokens_per_s']:,.0f} tokens/s "
+                f"({row['vs_rope']:.2f} x rope{memory}; flex_mods={row['flex_mods']})"
+            )
     with open(args.json, "w") as f:
         json.dump(rows, f, indent=2)
     return rows

@@ -62,22 +62,52 @@ def hf_model(family: str, *, layers: int, d: int, heads: int, vocab: int, ctx: i
 
     ff = 4 * d
     if family == "gpt2":
-        cfg = tf.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=ctx,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg = tf.GPT2Config(
+            n_layer=layers,
+            n_embd=d,
+            n_head=heads,
+            vocab_size=vocab,
+            n_positions=ctx,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         return tf.GPT2LMHeadModel(cfg)
     if family == "llama":
-        cfg = tf.LlamaConfig(hidden_size=d, intermediate_size=ff * 2 // 3, num_hidden_layers=layers,
-                             num_attention_heads=heads, num_key_value_heads=heads // 3 or 1, vocab_size=vocab,
-                             max_position_embeddings=ctx, tie_word_embeddings=False)
+        cfg = tf.LlamaConfig(
+            hidden_size=d,
+            intermediate_size=ff * 2 // 3,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 3 or 1,
+            vocab_size=vocab,
+            max_position_embeddings=ctx,
+            tie_word_embeddings=False,
+        )
         return tf.LlamaForCausalLM(cfg)
     if family == "bert":
-        cfg = tf.BertConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ff,
-                            vocab_size=vocab, max_position_embeddings=ctx, hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0)
+        cfg = tf.BertConfig(
+            hidden_size=d,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=ff,
+            vocab_size=vocab,
+            max_position_embeddings=ctx,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         return tf.BertForMaskedLM(cfg)
     if family == "t5":
-        cfg = tf.T5Config(d_model=d, d_ff=ff, d_kv=d // heads, num_layers=layers, num_heads=heads, vocab_size=vocab,
-                          dropout_rate=0.0, decoder_start_token_id=0)
+        cfg = tf.T5Config(
+            d_model=d,
+            d_ff=ff,
+            d_kv=d // heads,
+            num_layers=layers,
+            num_heads=heads,
+            vocab_size=vocab,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+        )
         return tf.T5ForConditionalGeneration(cfg)
     raise ValueError(f"unknown family {family!r}; choose from {FAMILIES}")
 
@@ -114,8 +144,15 @@ def train_steps(family: str, hf, ours, batch: int, length: int) -> tuple[Callabl
     return step(zoo_loss, opt_zoo), step(hf_loss, opt_hf)
 
 
-def alternate(zoo_fn: Callable[[], None], hf_fn: Callable[[], None], tokens: int, rounds: int, steps: int,
-              autocast: bool, warmup: int = 1) -> tuple[list[float], list[float]]:
+def alternate(
+    zoo_fn: Callable[[], None],
+    hf_fn: Callable[[], None],
+    tokens: int,
+    rounds: int,
+    steps: int,
+    autocast: bool,
+    warmup: int = 1,
+) -> tuple[list[float], list[float]]:
     """tokens/s of each side over ``rounds`` rounds of ``steps`` calls, in alternating order."""
     zoo_rates, hf_rates = [], []
     for fn in (zoo_fn, hf_fn):  # warm-up: first-call allocations, lazy inits, compilation
@@ -138,8 +175,14 @@ def _maybe_autocast(enabled: bool):
 
 
 def summarize(name: str, zoo_rates: list[float], hf_rates: list[float], **extra: Any) -> Result:
-    return Result(name, statistics.median(zoo_rates), statistics.median(hf_rates),
-                  (min(zoo_rates), max(zoo_rates)), (min(hf_rates), max(hf_rates)), extra)
+    return Result(
+        name,
+        statistics.median(zoo_rates),
+        statistics.median(hf_rates),
+        (min(zoo_rates), max(zoo_rates)),
+        (min(hf_rates), max(hf_rates)),
+        extra,
+    )
 
 
 def bench_training(args: argparse.Namespace) -> list[Result]:
@@ -153,8 +196,15 @@ def bench_training(args: argparse.Namespace) -> list[Result]:
             ours.compile()
         zoo_fn, hf_fn = train_steps(family, hf, ours, args.batch, args.length)
         for precision in args.precisions:
-            zoo_rates, hf_rates = alternate(zoo_fn, hf_fn, args.batch * args.length, args.rounds, args.steps,
-                                            autocast=precision == "bf16", warmup=2 if args.compile else 1)
+            zoo_rates, hf_rates = alternate(
+                zoo_fn,
+                hf_fn,
+                args.batch * args.length,
+                args.rounds,
+                args.steps,
+                autocast=precision == "bf16",
+                warmup=2 if args.compile else 1,
+            )
             name = f"train {family} {precision}" + (" compiled" if args.compile else "")
             results.append(summarize(name, zoo_rates, hf_rates))
             _report(results[-1])
@@ -175,8 +225,15 @@ def bench_generation(args: argparse.Namespace) -> list[Result]:
             ours.generate(prompt, n, eos_token_id=None)
 
         def hf_fn(prompt: torch.Tensor = prompt, n: int = n) -> None:
-            hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
-                        do_sample=False, pad_token_id=0, use_cache=True)
+            hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+                use_cache=True,
+            )
 
         with torch.inference_mode():
             zoo_rates, hf_rates = alternate(zoo_fn, hf_fn, batch * n, args.rounds, 1, autocast=False)
@@ -196,9 +253,19 @@ def bench_generation(args: argparse.Namespace) -> list[Result]:
 def bench_first_step(args: argparse.Namespace) -> dict[str, float]:
     """Seconds from launching zoo-train (tiny experiment) to the end of its first optimizer step."""
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [sys.executable, "-m", "tasks.cli.train", "trainer.max_steps=1", "trainer.limit_val_batches=0",
-               "trainer.num_sanity_val_steps=0", "test=false", "callbacks=none", "logger=[]",
-               f"hydra.run.dir={run_dir}", "data.source_args.max_files=200"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tasks.cli.train",
+            "trainer.max_steps=1",
+            "trainer.limit_val_batches=0",
+            "trainer.num_sanity_val_steps=0",
+            "test=false",
+            "callbacks=none",
+            "logger=[]",
+            f"hydra.run.dir={run_dir}",
+            "data.source_args.max_files=200",
+        ]
         start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.perf_counter() - start
@@ -209,17 +276,20 @@ def bench_first_step(args: argparse.Namespace) -> dict[str, float]:
 
 def peak_memory(family: str, precision: str, side: str, args: argparse.Namespace) -> float:
     """MiB the training steps add to the peak resident set, measured in a fresh process."""
-    code = (f"import sys; sys.argv=['x']; sys.path.insert(0, {str(HERE)!r}); from hf_compare import _memory_probe; "
-            f"_memory_probe({family!r}, {precision!r}, {side!r}, {args.layers}, {args.d_model}, {args.heads}, "
-            f"{args.vocab}, {args.batch}, {args.length})")
+    code = (
+        f"import sys; sys.argv=['x']; sys.path.insert(0, {str(HERE)!r}); from hf_compare import _memory_probe; "
+        f"_memory_probe({family!r}, {precision!r}, {side!r}, {args.layers}, {args.d_model}, {args.heads}, "
+        f"{args.vocab}, {args.batch}, {args.length})"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _memory_probe(family: str, precision: str, side: str, layers: int, d: int, heads: int, vocab: int, batch: int,
-                  length: int) -> None:
+def _memory_probe(
+    family: str, precision: str, side: str, layers: int, d: int, heads: int, vocab: int, batch: int, length: int
+) -> None:
     torch.manual_seed(0)
     hf = hf_model(family, layers=layers, d=d, heads=heads, vocab=vocab, ctx=1024).train()
     ours = zoo.from_hf(hf).train()
@@ -256,8 +326,10 @@ def _peak_rss() -> int:
 
 
 def _report(result: Result) -> None:
-    Console().print(f"  {result.name}: zoo {result.zoo_tokens_per_s:,.0f} tok/s, other {result.hf_tokens_per_s:,.0f} "
-                    f"tok/s, ratio {result.ratio:.2f}x")
+    Console().print(
+        f"  {result.name}: zoo {result.zoo_tokens_per_s:,.0f} tok/s, other {result.hf_tokens_per_s:,.0f} "
+        f"tok/s, ratio {result.ratio:.2f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -266,10 +338,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/bench/hf_compare.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("train", "generate", "first-step", "memory"), nargs="*",
-                        default=["train", "generate", "first-step", "memory"])
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench/hf_compare.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only",
+        choices=("train", "generate", "first-step", "memory"),
+        nargs="*",
+        default=["train", "generate", "first-step", "memory"],
+    )
     parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=("fp32", "bf16"))
     parser.add_argument("--layers", type=int, default=6)
@@ -281,8 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per comparison")
     parser.add_argument("--steps", type=int, default=2, help="training steps per round")
     parser.add_argument("--new-tokens", type=int, default=200)
-    parser.add_argument("--cache-lengths", type=int, nargs="*", default=[128, 512],
-                        help="new tokens for the cache-vs-recompute runs")
+    parser.add_argument(
+        "--cache-lengths", type=int, nargs="*", default=[128, 512], help="new tokens for the cache-vs-recompute runs"
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile both models for the training runs")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", default="bench.json", help="where to write the results")
@@ -291,8 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def machine_info(parser: argparse.ArgumentParser) -> dict[str, Any]:
     """Date, platform and versions, recorded with the results; an error without transformers."""
-    machine = {"date": date.today().isoformat(), "platform": platform.platform(), "processor": platform.processor(),
-               "threads": torch.get_num_threads(), "torch": torch.__version__}
+    machine = {
+        "date": date.today().isoformat(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     try:
         import transformers
 
@@ -317,9 +400,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if "generate" in args.only:
         results += bench_generation(args)
     if "memory" in args.only:
-        out["peak_memory_mib"] = {f"{family} {precision} {side}": peak_memory(family, precision, side, args)
-                                  for family in args.families for precision in args.precisions
-                                  for side in ("zoo", "hf")}
+        out["peak_memory_mib"] = {
+            f"{family} {precision} {side}": peak_memory(family, precision, side, args)
+            for family in args.families
+            for precision in args.precisions
+            for side in ("zoo", "hf")
+        }
     if "first-step" in args.only:
         out.update(bench_first_step(args))
     out["results"] = [{**asdict(r), "ratio": r.ratio} for r in results]
@@ -336,8 +422,12 @@ def print_summary(results: list[Result], out: dict[str, Any]) -> None:
     for column in ("benchmark", "zoo tok/s (min..max)", "other tok/s (min..max)", "ratio"):
         table.add_column(column, justify="left" if column == "benchmark" else "right")
     for r in results:
-        table.add_row(r.name, f"{r.zoo_tokens_per_s:,.0f} ({r.zoo_spread[0]:,.0f}..{r.zoo_spread[1]:,.0f})",
-                      f"{r.hf_tokens_per_s:,.0f} ({r.hf_spread[0]:,.0f}..{r.hf_spread[1]:,.0f})", f"{r.ratio:.2f}x")
+        table.add_row(
+            r.name,
+            f"{r.zoo_tokens_per_s:,.0f} ({r.zoo_spread[0]:,.0f}..{r.zoo_spread[1]:,.0f})",
+            f"{r.hf_tokens_per_s:,.0f} ({r.hf_spread[0]:,.0f}..{r.hf_spread[1]:,.0f})",
+            f"{r.ratio:.2f}x",
+        )
     Console().print(table)
     if "peak_memory_mib" in out:
         Console().print({k: round(v, 1) for k, v in out["peak_memory_mib"].items()})

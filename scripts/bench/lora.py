@@ -40,9 +40,18 @@ VARIANTS = ("full", "lora")
 
 
 def build(variant: str, args: argparse.Namespace) -> tuple[zoo.ZooModel, torch.optim.Optimizer]:
-    cfg = zoo.ModelConfig(arch="decoder", vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
-                          n_heads=args.heads, position="learned", norm="layernorm", ffn="gelu", bias=True,
-                          max_seq_len=args.length)
+    cfg = zoo.ModelConfig(
+        arch="decoder",
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        position="learned",
+        norm="layernorm",
+        ffn="gelu",
+        bias=True,
+        max_seq_len=args.length,
+    )
     model = zoo.build_model(cfg, seed=0).to(args.device).train()
     if variant == "lora":
         zoo.adapters.apply(model, "lora", rank=args.rank, targets=tuple(args.targets.split(",")))
@@ -78,16 +87,31 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         losses.append(loss.item())
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"variant": args.probe, "peak_mib": (peak - before) / 2**20, "trainable": trainable,
-            "parameters": zoo.count_parameters(model), "tokens_per_s": ids.numel() / statistics.median(times[1:]),
-            "first_loss": losses[0], "last_loss": losses[-1]}
+    return {
+        "variant": args.probe,
+        "peak_mib": (peak - before) / 2**20,
+        "trainable": trainable,
+        "parameters": zoo.count_parameters(model),
+        "tokens_per_s": ids.numel() / statistics.median(times[1:]),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/bench/lora.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in (("layers", 12), ("d-model", 512), ("heads", 8), ("vocab", 8192), ("batch", 4),
-                          ("length", 256), ("rank", 8), ("steps", 4)):
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench/lora.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for name, default in (
+        ("layers", 12),
+        ("d-model", 512),
+        ("heads", 8),
+        ("vocab", 8192),
+        ("batch", 4),
+        ("length", 256),
+        ("rank", 8),
+        ("steps", 4),
+    ):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--targets", default="q,k,v,out", help="LoRA targets, comma-separated")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -105,15 +129,24 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     results = {variant: in_fresh_process(Path(__file__).resolve(), args, variant) for variant in VARIANTS}
     full, lora = results["full"], results["lora"]
-    ratios = {"peak_lora_over_full": lora["peak_mib"] / full["peak_mib"],
-              "speed_lora_over_full": lora["tokens_per_s"] / full["tokens_per_s"]}
+    ratios = {
+        "peak_lora_over_full": lora["peak_mib"] / full["peak_mib"],
+        "speed_lora_over_full": lora["tokens_per_s"] / full["tokens_per_s"],
+    }
     for name, r in results.items():
-        print(f"{name:5s} trainable {r['trainable']:>11,} of {r['parameters']:,}  peak {r['peak_mib']:8.0f} MiB  "
-              f"{r['tokens_per_s']:8.0f} tokens/s  loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}")
-    print(f"LoRA / full: peak memory {ratios['peak_lora_over_full']:.2f}x, "
-          f"tokens/s {ratios['speed_lora_over_full']:.2f}x")
-    out = {"machine": machine_info(parser), "config": {k: v for k, v in vars(args).items() if k != "probe"},
-           "results": results, "ratios": ratios}
+        print(
+            f"{name:5s} trainable {r['trainable']:>11,} of {r['parameters']:,}  peak {r['peak_mib']:8.0f} MiB  "
+            f"{r['tokens_per_s']:8.0f} tokens/s  loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}"
+        )
+    print(
+        f"LoRA / full: peak memory {ratios['peak_lora_over_full']:.2f}x, tokens/s {ratios['speed_lora_over_full']:.2f}x"
+    )
+    out = {
+        "machine": machine_info(parser),
+        "config": {k: v for k, v in vars(args).items() if k != "probe"},
+        "results": results,
+        "ratios": ratios,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))
     return out

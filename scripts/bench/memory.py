@@ -63,8 +63,14 @@ from hf_compare import _peak_rss, _reset_peak_rss, hf_model, machine_info  # noq
 import zoo  # noqa: E402
 
 # (side, activation checkpointing, loss): the loss over the "whole" (B, T, V) logits, or "chunked"
-VARIANTS = (("zoo", "none", "whole"), ("zoo", "all", "whole"), ("hf", "none", "whole"), ("hf", "all", "whole"),
-            ("zoo", "none", "chunked"), ("zoo", "all", "chunked"))
+VARIANTS = (
+    ("zoo", "none", "whole"),
+    ("zoo", "all", "whole"),
+    ("hf", "none", "whole"),
+    ("hf", "all", "whole"),
+    ("zoo", "none", "chunked"),
+    ("zoo", "all", "chunked"),
+)
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
@@ -123,15 +129,23 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     assert all(p.grad is not None for p in model.parameters()), "a parameter got no gradient"
-    return {"side": side, "checkpointing": policy, "loss_kind": loss_kind, "peak_mib": (peak - before) / 2**20,
-            "loss": loss.item(), "seconds": seconds, "weights_mib": weights / 2**20}
+    return {
+        "side": side,
+        "checkpointing": policy,
+        "loss_kind": loss_kind,
+        "peak_mib": (peak - before) / 2**20,
+        "loss": loss.item(),
+        "seconds": seconds,
+        "weights_mib": weights / 2**20,
+    }
 
 
 def in_fresh_process(script: Path, args: argparse.Namespace, probe: str) -> dict[str, Any]:
     """``script --probe <probe>`` with the settings of ``args`` (all but --out) in a fresh process with the
     malloc setting above; its result read from the last line it prints."""
-    argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-            if v is not None and k not in ("out", "probe")]
+    argv = [
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v is not None and k not in ("out", "probe")
+    ]
     cmd = [sys.executable, str(script), *argv, "--probe", probe]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
     if done.returncode:
@@ -163,27 +177,40 @@ def goals(results: list[dict[str, Any]]) -> dict[str, bool]:
 
 def print_table(out: dict[str, Any]) -> None:
     a = out["config"]
-    title = (f"peak memory of one training step (forward + backward) on {a['device']}: {a['layers']} layers, "
-             f"d {a['d_model']}, vocab {a['vocab']}, batch {a['batch']} x {a['length']}")
+    title = (
+        f"peak memory of one training step (forward + backward) on {a['device']}: {a['layers']} layers, "
+        f"d {a['d_model']}, vocab {a['vocab']}, batch {a['batch']} x {a['length']}"
+    )
     table = Table(title=title)
     for column in ("model", "checkpointing", "logits", "peak MiB", "vs plain", "zoo/HF", "loss", "seconds"):
         table.add_column(column, justify="left" if column in ("model", "checkpointing", "logits") else "right")
     for r in out["results"]:
         zoo_vs_hf = f"{r['zoo_vs_hf']:.2f}x" if r["side"] == "zoo" else ""
         logits = f"chunks of {a['loss_chunk']}" if r["loss_kind"] == "chunked" else "whole"
-        table.add_row("zoo" if r["side"] == "zoo" else "HF GPT2", r["checkpointing"], logits, f"{r['peak_mib']:,.0f}",
-                      f"{r['vs_plain']:.2f}x", zoo_vs_hf, f"{r['loss']:.5f}", f"{r['seconds']:.1f}")
+        table.add_row(
+            "zoo" if r["side"] == "zoo" else "HF GPT2",
+            r["checkpointing"],
+            logits,
+            f"{r['peak_mib']:,.0f}",
+            f"{r['vs_plain']:.2f}x",
+            zoo_vs_hf,
+            f"{r['loss']:.5f}",
+            f"{r['seconds']:.1f}",
+        )
     console = Console(width=120)
     console.print(table)
-    console.print(f"weights: {out['results'][0]['weights_mib']:,.0f} MiB (the gradients made during backward "
-                  "count in the peak; the weights do not)")
+    console.print(
+        f"weights: {out['results'][0]['weights_mib']:,.0f} MiB (the gradients made during backward "
+        "count in the peak; the weights do not)"
+    )
     for goal, met in out["goals"].items():
         console.print(f"goal {goal}: {'met' if met else 'NOT met'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/bench/memory.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench/memory.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
@@ -191,8 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--loss-chunk", type=int, default=512,
-                        help="tokens per chunk of the chunked-loss variants (default: 512)")
+    parser.add_argument(
+        "--loss-chunk", type=int, default=512, help="tokens per chunk of the chunked-loss variants (default: 512)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # side:policy:loss, in the fresh process
@@ -208,9 +236,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     script = Path(__file__).resolve()
     results = with_ratios([in_fresh_process(script, args, ":".join(variant)) for variant in VARIANTS])
-    out = {"machine": machine_info(parser), "config": {k: v for k, v in vars(args).items() if k != "probe"},
-           "method": "CUDA max_memory_allocated" if args.device.startswith("cuda") else "VmHWM - VmRSS, fresh process",
-           "results": results, "goals": goals(results)}
+    out = {
+        "machine": machine_info(parser),
+        "config": {k: v for k, v in vars(args).items() if k != "probe"},
+        "method": "CUDA max_memory_allocated" if args.device.startswith("cuda") else "VmHWM - VmRSS, fresh process",
+        "results": results,
+        "goals": goals(results),
+    }
     print_table(out)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))

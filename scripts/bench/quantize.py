@@ -71,8 +71,8 @@ def perplexity(model: zoo.ZooModel, batches: Iterable[torch.Tensor]) -> float:
 def quality(model: zoo.ZooModel, reference: zoo.ZooModel, prompt: torch.Tensor, new_tokens: int) -> dict[str, float]:
     """Logits max-abs-diff on ``prompt`` and greedy-token agreement over ``new_tokens``, against ``reference``."""
     diff = (model(prompt).float() - reference(prompt).float()).abs().max().item()
-    ours = model.generate(prompt, new_tokens, eos_token_id=None)[:, prompt.shape[1]:]
-    theirs = reference.generate(prompt, new_tokens, eos_token_id=None)[:, prompt.shape[1]:]
+    ours = model.generate(prompt, new_tokens, eos_token_id=None)[:, prompt.shape[1] :]
+    theirs = reference.generate(prompt, new_tokens, eos_token_id=None)[:, prompt.shape[1] :]
     return {"logits_max_abs_diff": diff, "greedy_agreement": (ours == theirs).float().mean().item()}
 
 
@@ -108,8 +108,16 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     elif hf is not None:
         base = zoo.from_hf(hf).eval()
     else:  # no peer: zoo's own GPT-2 layout at these sizes
-        base = zoo.create_model("gpt2", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
-                                vocab_size=args.vocab, eos_token_id=None, pad_token_id=0, seed=0).eval()
+        base = zoo.create_model(
+            "gpt2",
+            n_layers=args.layers,
+            d_model=args.d_model,
+            n_heads=args.heads,
+            vocab_size=args.vocab,
+            eos_token_id=None,
+            pad_token_id=0,
+            seed=0,
+        ).eval()
     models, skipped = {}, {}
     for precision in args.precisions:
         for kv_cache in args.kv_cache:
@@ -121,30 +129,53 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 Console().print(f"  skipping {name}: {refusal}")
     vocab = base.config.vocab_size
     length = args.prompt + args.new_tokens
-    out: dict[str, Any] = {"speed": [], "quality": {}, "skipped": skipped,
-                           "kv_cache_bytes": {name: cache_bytes(m, length) for name, m in models.items()}}
+    out: dict[str, Any] = {
+        "speed": [],
+        "quality": {},
+        "skipped": skipped,
+        "kv_cache_bytes": {name: cache_bytes(m, length) for name, m in models.items()},
+    }
     for batch in args.batches:
         prompt = torch.randint(5, vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(batch))
         n = args.new_tokens
         fns: dict[str, Callable[[], None]] = {
             f"zoo {p}": (lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None))
-            for p, m in models.items()}
-        fns.update({  # the same models through generate(compile=True): a static cache and a compiled step
-            f"zoo {p} compiled": (lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None,
-                                                                              compile=True))
-            for p, m in models.items() if p in args.compiled})
+            for p, m in models.items()
+        }
+        fns.update(
+            {  # the same models through generate(compile=True): a static cache and a compiled step
+                f"zoo {p} compiled": (
+                    lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None, compile=True)
+                )
+                for p, m in models.items()
+                if p in args.compiled
+            }
+        )
         if hf is not None:
             fns["hf fp32"] = lambda prompt=prompt, n=n: hf.generate(
-                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                pad_token_id=0, use_cache=True)
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+                use_cache=True,
+            )
         rates = alternate(fns, batch * n, args.rounds)
         fp32 = statistics.median(rates["zoo fp32"]) if "zoo fp32" in rates else None
         peer = statistics.median(rates["hf fp32"]) if "hf fp32" in rates else None
         for name, r in rates.items():
             median = statistics.median(r)
-            out["speed"].append({"batch": batch, "name": name, "tokens_per_s": median, "spread": [min(r), max(r)],
-                                 "vs_zoo_fp32": median / fp32 if fp32 else None,
-                                 "vs_hf_fp32": median / peer if peer else None})
+            out["speed"].append(
+                {
+                    "batch": batch,
+                    "name": name,
+                    "tokens_per_s": median,
+                    "spread": [min(r), max(r)],
+                    "vs_zoo_fp32": median / fp32 if fp32 else None,
+                    "vs_hf_fp32": median / peer if peer else None,
+                }
+            )
     prompt = torch.randint(5, vocab, (8, args.prompt), generator=torch.Generator().manual_seed(0))
     reference = models.get("fp32") or base
     for precision, model in models.items():
@@ -156,12 +187,23 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/bench/quantize.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--precisions", nargs="*", default=list(PRECISIONS), choices=PRECISIONS,
-                        help="zoo weight precisions; one that zoo.quantize refuses here is skipped and reported")
-    parser.add_argument("--kv-cache", nargs="*", default=["none", "int8"], choices=("none", "int8"),
-                        help="KV-cache precisions, each with every weight precision (none: the weights' dtype)")
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench/quantize.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="*",
+        default=list(PRECISIONS),
+        choices=PRECISIONS,
+        help="zoo weight precisions; one that zoo.quantize refuses here is skipped and reported",
+    )
+    parser.add_argument(
+        "--kv-cache",
+        nargs="*",
+        default=["none", "int8"],
+        choices=("none", "int8"),
+        help="KV-cache precisions, each with every weight precision (none: the weights' dtype)",
+    )
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--d-model", type=int, default=384)
@@ -171,13 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size")
     parser.add_argument("--quality-tokens", type=int, default=32, help="greedy tokens compared with float32")
-    parser.add_argument("--compiled", nargs="*", default=["fp32", "int8", "int8 kv int8"],
-                        help="models (by name) also timed with generate(compile=True)")
+    parser.add_argument(
+        "--compiled",
+        nargs="*",
+        default=["fp32", "int8", "int8 kv int8"],
+        help="models (by name) also timed with generate(compile=True)",
+    )
     parser.add_argument("--no-hf", action="store_true", help="leave out the HF peer (transformers not needed)")
-    parser.add_argument("--pretrained", default=None, help="a save_pretrained/zoo-export folder instead of random "
-                                                           "weights")
-    parser.add_argument("--eval-ids", default=None, help="a torch.save'd (N, T) tensor of held-out token ids: "
-                                                         "report perplexity per precision")
+    parser.add_argument(
+        "--pretrained", default=None, help="a save_pretrained/zoo-export folder instead of random weights"
+    )
+    parser.add_argument(
+        "--eval-ids",
+        default=None,
+        help="a torch.save'd (N, T) tensor of held-out token ids: report perplexity per precision",
+    )
     parser.add_argument("--eval-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -189,8 +239,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    machine = {"date": date.today().isoformat(), "platform": platform.platform(), "processor": platform.processor(),
-               "threads": torch.get_num_threads(), "torch": torch.__version__}
+    machine = {
+        "date": date.today().isoformat(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     out = {"machine": machine, "config": vars(args), **bench(args)}
     print_summary(out)
     if args.json:
@@ -205,12 +260,19 @@ def print_summary(out: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in out["speed"]:
         ratio = lambda x: "" if x is None else f"{x:.2f}x"
-        table.add_row(str(row["batch"]), row["name"], f"{row['tokens_per_s']:,.1f} ({row['spread'][0]:,.1f}.."
-                      f"{row['spread'][1]:,.1f})", ratio(row["vs_zoo_fp32"]), ratio(row["vs_hf_fp32"]))
+        table.add_row(
+            str(row["batch"]),
+            row["name"],
+            f"{row['tokens_per_s']:,.1f} ({row['spread'][0]:,.1f}..{row['spread'][1]:,.1f})",
+            ratio(row["vs_zoo_fp32"]),
+            ratio(row["vs_hf_fp32"]),
+        )
     Console().print(table)
     length = out["config"]["prompt"] + out["config"]["new_tokens"]
-    Console().print(f"KV cache of one sequence of {length} positions: " + ", ".join(
-        f"{name} {size / 2**10:,.0f} KiB" for name, size in out["kv_cache_bytes"].items()))
+    Console().print(
+        f"KV cache of one sequence of {length} positions: "
+        + ", ".join(f"{name} {size / 2**10:,.0f} KiB" for name, size in out["kv_cache_bytes"].items())
+    )
     for precision, q in out["quality"].items():
         Console().print(f"  {precision}: " + ", ".join(f"{k} {v:.4g}" for k, v in q.items()))
 

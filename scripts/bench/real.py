@@ -82,6 +82,7 @@ def zoo_nll(model: zoo.ZooModel) -> Callable[[torch.Tensor], float]:
         with torch.no_grad():
             logits = model(ids[None, :-1]).float()
         return float(torch.nn.functional.cross_entropy(logits[0], ids[1:]))
+
     return nll
 
 
@@ -93,12 +94,15 @@ def zoo_variants(contents: Any, load_s: float, prompt: torch.Tensor, new: int) -
         def step() -> list[int]:
             with torch.no_grad():
                 out = model.generate(prompt, max_new_tokens=new, do_sample=False, eos_token_id=None, **kw)
-            return out[0, prompt.shape[1]:].tolist()
+            return out[0, prompt.shape[1] :].tolist()
+
         return step
 
-    return [Variant("zoo fp32", decode(fp32), load_s, weight_bytes(fp32), zoo_nll(fp32)),
-            Variant("zoo int8", decode(int8), load_s, weight_bytes(int8), zoo_nll(int8)),
-            Variant("zoo compiled", decode(fp32, compile=True), load_s, weight_bytes(fp32), zoo_nll(fp32))]
+    return [
+        Variant("zoo fp32", decode(fp32), load_s, weight_bytes(fp32), zoo_nll(fp32)),
+        Variant("zoo int8", decode(int8), load_s, weight_bytes(int8), zoo_nll(int8)),
+        Variant("zoo compiled", decode(fp32, compile=True), load_s, weight_bytes(fp32), zoo_nll(fp32)),
+    ]
 
 
 def hf_variants(path: Path, prompt: torch.Tensor, new: int) -> list[Variant]:
@@ -106,22 +110,32 @@ def hf_variants(path: Path, prompt: torch.Tensor, new: int) -> list[Variant]:
 
     def load() -> tuple[Any, float]:
         started = time.perf_counter()
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                  dtype=torch.float32).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
         return model, time.perf_counter() - started
 
     def decode(model: Any, **kw: Any) -> Callable[[], list[int]]:
         def step() -> list[int]:
             with torch.no_grad():
-                out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
-                                     min_new_tokens=new, do_sample=False, pad_token_id=0, **kw)
-            return out[0, prompt.shape[1]:].tolist()
+                out = model.generate(
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    pad_token_id=0,
+                    **kw,
+                )
+            return out[0, prompt.shape[1] :].tolist()
+
         return step
 
     def nll(model: Any) -> Callable[[torch.Tensor], float]:
         def f(ids: torch.Tensor) -> float:
             with torch.no_grad():
                 return float(model(ids[None], labels=ids[None]).loss)
+
         return f
 
     eager, eager_s = load()
@@ -129,13 +143,21 @@ def hf_variants(path: Path, prompt: torch.Tensor, new: int) -> list[Variant]:
     compile_config = transformers.CompileConfig(mode="default")  # reduce-overhead means CUDA graphs: none on a CPU
     compile_config._compile_all_devices = True  # transformers' switch for compiling on the CPU
     static.generation_config.compile_config = compile_config
-    return [Variant("hf fp32", decode(eager), eager_s, weight_bytes(eager), nll(eager)),
-            Variant("hf static compiled", decode(static, cache_implementation="static"), static_s,
-                    weight_bytes(static), nll(static))]
+    return [
+        Variant("hf fp32", decode(eager), eager_s, weight_bytes(eager), nll(eager)),
+        Variant(
+            "hf static compiled",
+            decode(static, cache_implementation="static"),
+            static_s,
+            weight_bytes(static),
+            nll(static),
+        ),
+    ]
 
 
-def llama_cpp_variants(model: zoo.ZooModel, contents: Any, prompt: torch.Tensor, new: int, folder: Path,
-                       threads: int) -> tuple[list[Variant], str | None]:
+def llama_cpp_variants(
+    model: zoo.ZooModel, contents: Any, prompt: torch.Tensor, new: int, folder: Path, threads: int
+) -> tuple[list[Variant], str | None]:
     try:
         import llama_cpp
     except ImportError:
@@ -156,6 +178,7 @@ def llama_cpp_variants(model: zoo.ZooModel, contents: Any, prompt: torch.Tensor,
                 if len(tokens) == new:
                     break
             return tokens
+
         out.append(Variant(f"llama.cpp {dtype}", step, load, file.stat().st_size))
     return out, None
 
@@ -171,8 +194,11 @@ def chat_prompt(contents: Any) -> torch.Tensor:
     """PROMPT through the file's own chat template (rendered in Jinja's sandbox: data, never code)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    text = ImmutableSandboxedEnvironment().from_string(contents.chat_template).render(
-        messages=PROMPT, add_generation_prompt=True)
+    text = (
+        ImmutableSandboxedEnvironment()
+        .from_string(contents.chat_template)
+        .render(messages=PROMPT, add_generation_prompt=True)
+    )
     return torch.tensor([contents.tokenizer.encode(text, add_special_tokens=False).ids])
 
 
@@ -187,16 +213,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         contents = zoo.read_gguf(path)
         load_s = time.perf_counter() - started
         prompt = chat_prompt(contents)
-        variants = [*zoo_variants(contents, load_s, prompt, args.new_tokens),
-                    *hf_variants(path, prompt, args.new_tokens)]
+        variants = [
+            *zoo_variants(contents, load_s, prompt, args.new_tokens),
+            *hf_variants(path, prompt, args.new_tokens),
+        ]
     with tempfile.TemporaryDirectory() as tmp:
-        extra, skipped = llama_cpp_variants(contents.model, contents, prompt, args.new_tokens, Path(tmp),
-                                            torch.get_num_threads())
+        extra, skipped = llama_cpp_variants(
+            contents.model, contents, prompt, args.new_tokens, Path(tmp), torch.get_num_threads()
+        )
         return measure([*variants, *extra], contents, prompt, args, skipped, console)
 
 
-def measure(variants: list[Variant], contents: Any, prompt: torch.Tensor, args: argparse.Namespace,
-            skipped: str | None, console: Console) -> dict[str, Any]:
+def measure(
+    variants: list[Variant],
+    contents: Any,
+    prompt: torch.Tensor,
+    args: argparse.Namespace,
+    skipped: str | None,
+    console: Console,
+) -> dict[str, Any]:
     ids = ppl_text(contents.tokenizer)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("decoding", total=len(variants) * (args.rounds + 1))
@@ -204,7 +239,7 @@ def measure(variants: list[Variant], contents: Any, prompt: torch.Tensor, args: 
             v.tokens = v.step()
             progress.advance(task)
         for r in range(args.rounds):
-            for v in variants[r % len(variants):] + variants[: r % len(variants)]:
+            for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
                 started = time.perf_counter()
                 v.step()
                 v.times.append(time.perf_counter() - started)
@@ -213,26 +248,48 @@ def measure(variants: list[Variant], contents: Any, prompt: torch.Tensor, args: 
     rows = []
     for v in variants:
         tps = args.new_tokens / statistics.median(v.times)
-        rows.append({"variant": v.name, "tokens_per_s": tps,
-                     "ratio_to_hf_fp32": statistics.median(reference.times) / statistics.median(v.times),
-                     "load_s": v.load_s, "weight_bytes": v.weight_bytes,
-                     "perplexity": math.exp(v.nll(ids)) if v.nll else None,
-                     "same_tokens_as_zoo_fp32": v.tokens == variants[0].tokens})
-    return {"model": NAME, "new_tokens": args.new_tokens, "prompt_tokens": prompt.shape[1], "rounds": args.rounds,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows, "skipped": skipped,
-            "command": " ".join(["python", "scripts/bench/real.py", *sys.argv[1:]])}
+        rows.append(
+            {
+                "variant": v.name,
+                "tokens_per_s": tps,
+                "ratio_to_hf_fp32": statistics.median(reference.times) / statistics.median(v.times),
+                "load_s": v.load_s,
+                "weight_bytes": v.weight_bytes,
+                "perplexity": math.exp(v.nll(ids)) if v.nll else None,
+                "same_tokens_as_zoo_fp32": v.tokens == variants[0].tokens,
+            }
+        )
+    return {
+        "model": NAME,
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": prompt.shape[1],
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "rows": rows,
+        "skipped": skipped,
+        "command": " ".join(["python", "scripts/bench/real.py", *sys.argv[1:]]),
+    }
 
 
 def show(result: dict[str, Any]) -> None:
-    table = Table(title=f"{result['model']}: batch 1, {result['new_tokens']} greedy tokens after "
-                        f"{result['prompt_tokens']}, {result['threads']} threads, median of {result['rounds']}")
+    table = Table(
+        title=f"{result['model']}: batch 1, {result['new_tokens']} greedy tokens after "
+        f"{result['prompt_tokens']}, {result['threads']} threads, median of {result['rounds']}"
+    )
     for header in ("variant", "tokens/s", "× hf fp32", "load s", "weights MB", "ppl", "= zoo fp32 tokens"):
         table.add_column(header, justify="left" if header == "variant" else "right")
     for row in result["rows"]:
         ppl = "–" if row["perplexity"] is None else f"{row['perplexity']:.2f}"
-        table.add_row(row["variant"], f"{row['tokens_per_s']:.1f}", f"{row['ratio_to_hf_fp32']:.2f}",
-                      f"{row['load_s']:.1f}", f"{row['weight_bytes'] / 1e6:.0f}", ppl,
-                      "yes" if row["same_tokens_as_zoo_fp32"] else "no")
+        table.add_row(
+            row["variant"],
+            f"{row['tokens_per_s']:.1f}",
+            f"{row['ratio_to_hf_fp32']:.2f}",
+            f"{row['load_s']:.1f}",
+            f"{row['weight_bytes'] / 1e6:.0f}",
+            ppl,
+            "yes" if row["same_tokens_as_zoo_fp32"] else "no",
+        )
     Console().print(table)
     if result["skipped"]:
         print(f"llama.cpp: skipped ({result['skipped']})")

@@ -80,8 +80,10 @@ class HeadRow:
 def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
     """The model (eval mode), its tokenizer and a name for where it came from."""
     if bool(cfg.ckpt_path) == bool(cfg.model_dir):
-        raise UserError("give ckpt_path=<zoo-train checkpoint, HF model folder or GGUF file> or model_dir=<zoo-export "
-                        "safetensors folder> (exactly one)")
+        raise UserError(
+            "give ckpt_path=<zoo-train checkpoint, HF model folder or GGUF file> or model_dir=<zoo-export "
+            "safetensors folder> (exactly one)"
+        )
     if cfg.ckpt_path:
         if not Path(cfg.ckpt_path).expanduser().exists():
             raise UserError(f"ckpt_path={cfg.ckpt_path} is not a file (nothing is there); check the path")
@@ -93,8 +95,10 @@ def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
         return task.model.eval(), task.tokenizer, str(cfg.ckpt_path)
     folder = Path(cfg.model_dir).expanduser()
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise UserError(f"model_dir={folder} has no config.json and model.safetensors "
-                        "(write one with zoo-export format=safetensors)")
+        raise UserError(
+            f"model_dir={folder} has no config.json and model.safetensors "
+            "(write one with zoo-export format=safetensors)"
+        )
     tokenizer_path = Path(cfg.tokenizer_path) if cfg.tokenizer_path else folder / "tokenizer.json"
     tokenizer = read_tokenizer(tokenizer_path, "tokenizer_path" if cfg.tokenizer_path else "model_dir")
     return zoo.load_pretrained(folder), tokenizer, str(folder)  # a damaged folder: CheckpointError
@@ -103,15 +107,19 @@ def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
 def read_tokenizer(path: Path, field: str) -> Tokenizer:
     """A tokenizer.json; a UserError naming ``field`` when it is missing or not a tokenizer."""
     if not path.is_file() and field == "model_dir":
-        raise UserError(f"model_dir: {path} not found; the model folder needs its tokenizer (zoo-export writes it) "
-                        f"or pass tokenizer_path=<tokenizer.json>")
+        raise UserError(
+            f"model_dir: {path} not found; the model folder needs its tokenizer (zoo-export writes it) "
+            f"or pass tokenizer_path=<tokenizer.json>"
+        )
     if not path.is_file():
         raise UserError(f"tokenizer_path={path}: no such file; check the path")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot parse
-        raise UserError(f"{field}: {path} is not a tokenizer.json ({_first_line(error)}); pass the tokenizer.json "
-                        f"the model was trained with") from None
+        raise UserError(
+            f"{field}: {path} is not a tokenizer.json ({_first_line(error)}); pass the tokenizer.json "
+            f"the model was trained with"
+        ) from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -227,8 +235,9 @@ def _panel_inches(n: int) -> float:
     return max(2.8, min(9.0, 0.17 * n + 1.2))
 
 
-def plot_layer(path: Path, probs: Tensor, title: str, q_labels: list[str], k_labels: list[str],
-               rows: list[HeadRow]) -> None:
+def plot_layer(
+    path: Path, probs: Tensor, title: str, q_labels: list[str], k_labels: list[str], rows: list[HeadRow]
+) -> None:
     """One figure for one layer: a panel per head, a shared colour bar. Probabilities are on one
     0..1 scale for every head, square-root spaced so that weak links stay visible; keys a query
     cannot see are grey."""
@@ -236,8 +245,9 @@ def plot_layer(path: Path, probs: Tensor, title: str, q_labels: list[str], k_lab
     cols = math.ceil(math.sqrt(H))
     n_rows = math.ceil(H / cols)
     width, height = _panel_inches(Tk), _panel_inches(Tq)
-    fig, axes = plt.subplots(n_rows, cols, figsize=(cols * width + 1.2, n_rows * (height + 0.5) + 0.9),
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        n_rows, cols, figsize=(cols * width + 1.2, n_rows * (height + 0.5) + 0.9), squeeze=False, layout="constrained"
+    )
     cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
     hidden = ~(probs > 0).any(dim=0)  # (Tq, Tk): masked for every head
     image = None
@@ -246,8 +256,9 @@ def plot_layer(path: Path, probs: Tensor, title: str, q_labels: list[str], k_lab
             ax.axis("off")
             continue
         values = probs[h].float().masked_fill(hidden, math.nan).numpy()
-        image = ax.imshow(values, cmap=cmap, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest",
-                          aspect="auto")
+        image = ax.imshow(
+            values, cmap=cmap, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest", aspect="auto"
+        )
         row = rows[h]
         flags = f" [{', '.join(row.flags)}]" if row.flags else ""
         ax.set_title(f"head {h}{flags}\nnormalised entropy {row.stats.norm_entropy.item():.2f}", fontsize=9)
@@ -265,8 +276,9 @@ def plot_rollout(path: Path, rollout: Tensor, title: str, labels: list[str]) -> 
     T = rollout.shape[0]
     side = _panel_inches(T) + 1.5
     fig, ax = plt.subplots(figsize=(side + 1.2, side + 0.6), layout="constrained")
-    image = ax.imshow(rollout.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=float(rollout.max())),
-                      interpolation="nearest")
+    image = ax.imshow(
+        rollout.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=float(rollout.max())), interpolation="nearest"
+    )
     ax.set_xticks(range(T), labels, rotation=90, fontsize=_tick_size(T, side))
     ax.set_yticks(range(T), labels, fontsize=_tick_size(T, side))
     ax.set_xlabel("input token")
@@ -291,8 +303,18 @@ def head_rows(maps: dict[str, Tensor], cfg: DictConfig) -> list[HeadRow]:
     return rows
 
 
-COLUMNS = ["module", "kind", "layer", "head", "entropy (nats)", "normalised entropy", "first-token mass",
-           "self mass", "previous mass", "flags"]
+COLUMNS = [
+    "module",
+    "kind",
+    "layer",
+    "head",
+    "entropy (nats)",
+    "normalised entropy",
+    "first-token mass",
+    "self mass",
+    "previous mass",
+    "flags",
+]
 SHORT = ["module", "kind", "layer", "head", "H nats", "H/Hmax", "first", "self", "prev", "flags"]  # console
 
 
@@ -302,8 +324,18 @@ def _cells(row: HeadRow) -> list[str]:
         return "–" if math.isnan(value) else f"{value:.3f}"
 
     s = row.stats
-    return [row.module, row.kind, str(row.layer), str(row.head), number(s.entropy), number(s.norm_entropy),
-            number(s.first_mass), number(s.self_mass), number(s.prev_mass), ", ".join(row.flags)]
+    return [
+        row.module,
+        row.kind,
+        str(row.layer),
+        str(row.head),
+        number(s.entropy),
+        number(s.norm_entropy),
+        number(s.first_mass),
+        number(s.self_mass),
+        number(s.prev_mass),
+        ", ".join(row.flags),
+    ]
 
 
 def markdown(rows: list[HeadRow], header: list[str]) -> str:
@@ -322,8 +354,11 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     maps = capture(model, inputs)
     src_labels = token_labels(tokenizer, inputs.ids)
     tgt_labels = token_labels(tokenizer, inputs.target) if inputs.target is not None else None
-    axes = {"encoder self": (src_labels, src_labels), "decoder self": (tgt_labels or src_labels,) * 2,
-            "cross": (tgt_labels, src_labels)}  # (query labels, key labels)
+    axes = {
+        "encoder self": (src_labels, src_labels),
+        "decoder self": (tgt_labels or src_labels,) * 2,
+        "cross": (tgt_labels, src_labels),
+    }  # (query labels, key labels)
     rows = head_rows(maps, cfg)
     note = f"\n{'; '.join(inputs.notes)}" if inputs.notes else ""
 
@@ -341,16 +376,28 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
             stack = kind.split()[0]
             rollout = attention_rollout([maps[n] for n in names])
             path = out / f"rollout_{stack}.png"
-            plot_rollout(path, rollout, f"attention rollout, {stack} self-attention\n({len(names)} layers; heads "
-                         f"averaged, identity added for the residual){note}", q_labels)
+            plot_rollout(
+                path,
+                rollout,
+                f"attention rollout, {stack} self-attention\n({len(names)} layers; heads "
+                f"averaged, identity added for the residual){note}",
+                q_labels,
+            )
             written.append(path)
 
-    thresholds = (f"flat: normalised entropy > {cfg.flat_threshold}; sink: first-token mass > {cfg.sink_threshold}; "
-                  f"diagonal / previous: self / previous mass > {cfg.diagonal_threshold}")
+    thresholds = (
+        f"flat: normalised entropy > {cfg.flat_threshold}; sink: first-token mass > {cfg.sink_threshold}; "
+        f"diagonal / previous: self / previous mass > {cfg.diagonal_threshold}"
+    )
     text = the_text(cfg)  # prompt= or text=
-    header = [f"# Attention heads of {source}", "", f"text: {text!r}", *[f"note: {n}" for n in inputs.notes],
-              "", "Rows that see a single key (the first under a causal mask) are left out of the means. "
-              f"{thresholds}."]
+    header = [
+        f"# Attention heads of {source}",
+        "",
+        f"text: {text!r}",
+        *[f"note: {n}" for n in inputs.notes],
+        "",
+        f"Rows that see a single key (the first under a causal mask) are left out of the means. {thresholds}.",
+    ]
     (out / "heads.md").write_text(markdown(rows, header), encoding="utf-8")
     written.append(out / "heads.md")
 
@@ -366,8 +413,14 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
         console.print(f"note: {n}")
     console.print(f"{len(rows)} heads: " + ", ".join(f"{n} {flag}" for flag, n in counts.items()))
     written.append(out / "summary.json")
-    summary = {"files": [p.name for p in written], "heads": len(rows), "flags": counts,
-               "tokens": src_labels, "target_tokens": tgt_labels, "notes": inputs.notes}
+    summary = {
+        "files": [p.name for p in written],
+        "heads": len(rows),
+        "flags": counts,
+        "tokens": src_labels,
+        "target_tokens": tgt_labels,
+        "notes": inputs.notes,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"wrote {len(written)} files to {out}")
     return summary

@@ -82,8 +82,9 @@ def _not_built(error: InstantiationException) -> tuple[BaseException, int] | Non
             return inner
     if isinstance(cause, MisconfigurationException):
         return zoo.ConfigError(f"{where}: {_with_gpu_hint(str(cause))}"), 2
-    if isinstance(cause, TypeError) and re.search(r"unexpected keyword argument|required (positional|keyword)",
-                                                   str(cause)):
+    if isinstance(cause, TypeError) and re.search(
+        r"unexpected keyword argument|required (positional|keyword)", str(cause)
+    ):
         return zoo.ConfigError(f"{where}: {cause}; remove that key or check its name"), 2
     if str(error).startswith("Error locating target"):
         return zoo.ConfigError(f"{where}: {str(error).splitlines()[0]}"), 2
@@ -93,8 +94,10 @@ def _not_built(error: InstantiationException) -> tuple[BaseException, int] | Non
 def _with_gpu_hint(message: str) -> str:
     """Lightning's message, and on a machine without a usable GPU what to choose instead."""
     if re.search(r"gpu|cuda", message, flags=re.IGNORECASE) and not torch.cuda.is_available():
-        return (f"{message.rstrip('!. ')}: this machine has no GPU that PyTorch can use (torch.cuda.is_available() "
-                f"is False); use trainer=cpu, or run on a machine with a GPU")
+        return (
+            f"{message.rstrip('!. ')}: this machine has no GPU that PyTorch can use (torch.cuda.is_available() "
+            f"is False); use trainer=cpu, or run on a machine with a GPU"
+        )
     return message
 
 

@@ -17,8 +17,9 @@ from tasks.cli.export_hf import AUTO_CLASSES
 from tasks.cli.formats import EXPORT_FORMATS, ExportFormat
 
 
-def model_card(task: ZooTask, checkpoint: dict[str, Any], *, fmt: str, command: str,
-               hf_class: str | None = None) -> str:
+def model_card(
+    task: ZooTask, checkpoint: dict[str, Any], *, fmt: str, command: str, hf_class: str | None = None
+) -> str:
     """The README.md of an export of ``task`` (rebuilt from ``checkpoint``, a zoo-train checkpoint) in
     format ``fmt``, written by ``command``; ``hf_class`` is the transformers class of an ``hf`` export."""
     form = EXPORT_FORMATS.get(fmt, field="fmt")()  # a ConfigError (a ValueError) naming the formats
@@ -27,16 +28,21 @@ def model_card(task: ZooTask, checkpoint: dict[str, Any], *, fmt: str, command: 
     run = checkpoint.get("zoo_run") or {}
     config = yaml.safe_load(run.get("config_yaml") or "") or {}
     name = next((n for n in TASKS.names() if TASKS.get(n) is type(task)), type(task).__name__)
-    sections = [front_matter(name, form, hf_class), f"# {title(task)}",
-                f"A zoo `{name}` model trained with `zoo-train`, exported as {form.title} by `zoo-export`.",
-                section("Model", model_lines(task, config)),
-                section("Data", data_lines(task, checkpoint, config)),
-                section("Training", training_lines(task, checkpoint, config))]
+    sections = [
+        front_matter(name, form, hf_class),
+        f"# {title(task)}",
+        f"A zoo `{name}` model trained with `zoo-train`, exported as {form.title} by `zoo-export`.",
+        section("Model", model_lines(task, config)),
+        section("Data", data_lines(task, checkpoint, config)),
+        section("Training", training_lines(task, checkpoint, config)),
+    ]
     labels = getattr(task, "label_names", None)
     if labels:
         sections.append(section("Labels", [f"{i}: `{label}`" for i, label in enumerate(labels)]))
-    sections += ["## Command\n\nThis folder was written by:\n\n" + fenced(command, "bash"),
-                 "## How to load\n\n" + fenced("\n".join(form.load_code(task, hf_class)), "python")]
+    sections += [
+        "## Command\n\nThis folder was written by:\n\n" + fenced(command, "bash"),
+        "## How to load\n\n" + fenced("\n".join(form.load_code(task, hf_class)), "python"),
+    ]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -44,10 +50,15 @@ def describe_model(cfg: zoo.ModelConfig, params: int) -> str:
     """The composition in one line, in the words of zoo-train's final summary, e.g. "decoder: 2 layers,
     d_model 128, 4 heads (4 KV), 1,234 parameters, learned positions, pre-layernorm, gelu FFN"; a form
     with cross-attention names its encoder and decoder layers."""
-    layers = (f"{cfg.resolved_n_encoder_layers} encoder + {cfg.resolved_n_decoder_layers} decoder layers"
-              if cfg.form.cross_attention else f"{cfg.n_layers} layers")
-    return (f"{cfg.arch}: {layers}, d_model {cfg.d_model}, {cfg.n_heads} heads ({cfg.resolved_n_kv_heads} KV), "
-            f"{params:,} parameters, {cfg.position} positions, {cfg.norm_placement}-{cfg.norm}, {cfg.ffn} FFN")
+    layers = (
+        f"{cfg.resolved_n_encoder_layers} encoder + {cfg.resolved_n_decoder_layers} decoder layers"
+        if cfg.form.cross_attention
+        else f"{cfg.n_layers} layers"
+    )
+    return (
+        f"{cfg.arch}: {layers}, d_model {cfg.d_model}, {cfg.n_heads} heads ({cfg.resolved_n_kv_heads} KV), "
+        f"{params:,} parameters, {cfg.position} positions, {cfg.norm_placement}-{cfg.norm}, {cfg.ffn} FFN"
+    )
 
 
 def front_matter(task_name: str, form: ExportFormat, hf_class: str | None) -> str:
@@ -101,18 +112,25 @@ def data_lines(task: ZooTask, checkpoint: dict[str, Any], config: dict[str, Any]
         source = f", source `{data['source']}`" if data.get("source") else ""
         args = ", ".join(f"{k}={v}" for k, v in (data.get("source_args") or {}).items() if v is not None)
         lines.append(f"data module: `{run['data_module']}`{source}" + (f" ({args})" if args else ""))
-    sizes = [f"{label} {data[key]}" for key, label in (("seq_len", "sequence length"), ("batch_size", "batch size"))
-             if data.get(key) is not None]
+    sizes = [
+        f"{label} {data[key]}"
+        for key, label in (("seq_len", "sequence length"), ("batch_size", "batch size"))
+        if data.get(key) is not None
+    ]
     if sizes:
         lines.append(", ".join(sizes))
     kind = type(task.tokenizer.model).__name__
     specials = checkpoint.get("tokenizer_specials")  # recorded only for a tokenizer that is not zoo's own
     if specials:
         origin = specials.get("origin") if isinstance(specials, dict) else None
-        source = "a GGUF file" if isinstance(origin, str) and origin.lower().endswith(".gguf") else \
-            "a Hugging Face model folder"
-        where = (f"from {source}" + (f" (`{origin}`)" if isinstance(origin, str) else "")
-                 + ", with its own special tokens")
+        source = (
+            "a GGUF file"
+            if isinstance(origin, str) and origin.lower().endswith(".gguf")
+            else "a Hugging Face model folder"
+        )
+        where = (
+            f"from {source}" + (f" (`{origin}`)" if isinstance(origin, str) else "") + ", with its own special tokens"
+        )
     elif data.get("tokenizer_path"):
         where = f"read from `{data['tokenizer_path']}`"
     elif config.get("init_from"):
@@ -134,8 +152,9 @@ def training_lines(task: ZooTask, checkpoint: dict[str, Any], config: dict[str, 
         lines.append(f"best `{monitor}`: {best:.4f}{better}{last}")
     opt, sched = task.optimizer_settings, task.scheduler_settings
     if "lr" in opt:
-        line = f"optimizer: AdamW, lr {opt['lr']:g}" + (f", weight decay {opt['weight_decay']:g}"
-                                                        if "weight_decay" in opt else "")
+        line = f"optimizer: AdamW, lr {opt['lr']:g}" + (
+            f", weight decay {opt['weight_decay']:g}" if "weight_decay" in opt else ""
+        )
         if {"warmup_steps", "min_lr_ratio"} <= set(sched):
             line += f"; {sched['warmup_steps']:,} warmup steps, then cosine decay to {sched['min_lr_ratio']:g} × lr"
         lines.append(line)

@@ -84,8 +84,9 @@ def register_data_schemas() -> None:
                 else:
                     field = dataclasses.field(default=MISSING if arg.default is arg.empty else arg.default)
                 fields[arg.name] = (arg.name, Any, field)
-        ConfigStore.instance().store(group="schema/data", name=name,
-                                     node=dataclasses.make_dataclass(name, list(fields.values())))
+        ConfigStore.instance().store(
+            group="schema/data", name=name, node=dataclasses.make_dataclass(name, list(fields.values()))
+        )
 
 
 def model_config(node: DictConfig) -> zoo.ModelConfig:
@@ -109,30 +110,59 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
     seq_len = cfg.data.get("seq_len")
     limit = zoo.position_limit(model)
     if seq_len and limit is not None and seq_len > limit:
-        raise zoo.ConfigError(f"data.seq_len={seq_len} is longer than the learned position table "
-                              f"(model.max_seq_len={limit}); raise one or lower the other")
+        raise zoo.ConfigError(
+            f"data.seq_len={seq_len} is longer than the learned position table "
+            f"(model.max_seq_len={limit}); raise one or lower the other"
+        )
     task_cls.check_settings(OmegaConf.to_container(cfg.task, resolve=True), model)
     based = cfg.get("init_from") or cfg.get("ckpt_path")
     if OmegaConf.select(cfg, "adapter.save", default="full") == "only" and not based:
         raise no_base_error("no init_from")  # a resumed checkpoint may name one: the task checks it once read
     adapter = OmegaConf.select(cfg, "adapter.name", default="none")
     if zoo.adapters.ADAPTERS.get(adapter, field="adapter").freezes_base and not based:
-        print("zoo: warning: the adapter trains beside a frozen model with random weights (no init_from=): nothing "
-              "pretrained is adapted; give init_from=<checkpoint, HF folder or GGUF file>, or drop adapter=",
-              file=sys.stderr)
+        print(
+            "zoo: warning: the adapter trains beside a frozen model with random weights (no init_from=): nothing "
+            "pretrained is adapted; give init_from=<checkpoint, HF folder or GGUF file>, or drop adapter=",
+            file=sys.stderr,
+        )
     if cfg.data.get("packing") == "documents" and not zoo.mask.MASK.get(model.resolved_mask).documents:
-        raise zoo.ConfigError(f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
-                              f"does not read; add model/mask=document (or use data.packing=concat)")
+        raise zoo.ConfigError(
+            f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
+            f"does not read; add model/mask=document (or use data.packing=concat)"
+        )
     return model
 
 
-POSITIVE = ("optimizer.lr", "data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.val_check_interval",
-            "trainer.log_every_n_steps", "trainer.accumulate_grad_batches", "data.vocab_size")
-NON_NEGATIVE = ("scheduler.warmup_steps", "optimizer.weight_decay", "optimizer.eps", "trainer.gradient_clip_val",
-                "trainer.num_sanity_val_steps", "data.num_workers", "scheduler.min_lr_ratio")
-WHOLE = ("data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.log_every_n_steps",
-         "trainer.accumulate_grad_batches", "data.vocab_size", "scheduler.warmup_steps", "trainer.num_sanity_val_steps",
-         "data.num_workers")
+POSITIVE = (
+    "optimizer.lr",
+    "data.batch_size",
+    "data.seq_len",
+    "trainer.max_steps",
+    "trainer.val_check_interval",
+    "trainer.log_every_n_steps",
+    "trainer.accumulate_grad_batches",
+    "data.vocab_size",
+)
+NON_NEGATIVE = (
+    "scheduler.warmup_steps",
+    "optimizer.weight_decay",
+    "optimizer.eps",
+    "trainer.gradient_clip_val",
+    "trainer.num_sanity_val_steps",
+    "data.num_workers",
+    "scheduler.min_lr_ratio",
+)
+WHOLE = (
+    "data.batch_size",
+    "data.seq_len",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "trainer.accumulate_grad_batches",
+    "data.vocab_size",
+    "scheduler.warmup_steps",
+    "trainer.num_sanity_val_steps",
+    "data.num_workers",
+)
 MAX_VOCAB = 1 << 22  # 4,194,304: beyond any tokenizer in use (the largest are ~256k); training one would not fit
 
 
@@ -151,19 +181,23 @@ def check_values(cfg: DictConfig) -> None:
         if (value <= 0 and key in POSITIVE) or value < 0:
             raise zoo.ConfigError(f"{key}={value} must be {'> 0' if key in POSITIVE else '>= 0'}")
     if OmegaConf.select(cfg, "scheduler.min_lr_ratio", default=0) > 1:
-        raise zoo.ConfigError(f"scheduler.min_lr_ratio={cfg.scheduler.min_lr_ratio} must be at most 1 (a fraction of "
-                              f"optimizer.lr)")
+        raise zoo.ConfigError(
+            f"scheduler.min_lr_ratio={cfg.scheduler.min_lr_ratio} must be at most 1 (a fraction of optimizer.lr)"
+        )
     betas = OmegaConf.select(cfg, "optimizer.betas", default=None)
     if betas is not None and (len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)):
         raise zoo.ConfigError(f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     interval = OmegaConf.select(cfg, "trainer.val_check_interval", default=None)
     if isinstance(interval, float) and interval > 1:
-        raise zoo.ConfigError(f"trainer.val_check_interval={interval}: a fraction of an epoch is at most 1.0; give "
-                              f"a whole number of steps instead")
+        raise zoo.ConfigError(
+            f"trainer.val_check_interval={interval}: a fraction of an epoch is at most 1.0; give "
+            f"a whole number of steps instead"
+        )
     vocab = OmegaConf.select(cfg, "data.vocab_size", default=None)
     if isinstance(vocab, int) and vocab > MAX_VOCAB:
-        raise zoo.ConfigError(f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); "
-                              f"lower it")
+        raise zoo.ConfigError(
+            f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); lower it"
+        )
 
 
 def task_class(target: str) -> type[ZooTask]:
@@ -179,8 +213,7 @@ def run_info(cfg: DictConfig, task_name: str) -> dict[str, Any]:
     the data module (a class name from zoo's own list, never an import path)."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     module = data.pop("_target_").rsplit(".", 1)[-1]
-    return {"task": task_name, "data_module": module, "data": data,
-            "config_yaml": OmegaConf.to_yaml(cfg, resolve=True)}
+    return {"task": task_name, "data_module": module, "data": data, "config_yaml": OmegaConf.to_yaml(cfg, resolve=True)}
 
 
 def load_task(ckpt_path: str | Path, map_location: str = "cpu") -> tuple[ZooTask, dict[str, Any]]:
@@ -196,8 +229,10 @@ def for_inference(task: ZooTask, cfg: DictConfig) -> None:
     if weights is None and kv_cache is None:
         return
     if kv_cache is not None and kv_cache not in zoo.kv_cache.KV_DTYPES:
-        raise UserError(f"kv_cache={kv_cache} is not a KV-cache precision; choose {' or '.join(zoo.kv_cache.KV_DTYPES)}"
-                        f", or null for the weights' own")
+        raise UserError(
+            f"kv_cache={kv_cache} is not a KV-cache precision; choose {' or '.join(zoo.kv_cache.KV_DTYPES)}"
+            f", or null for the weights' own"
+        )
     task.merge_adapter()
     try:
         zoo.quantize(task.model, weights=weights, kv_cache=kv_cache)
@@ -212,8 +247,9 @@ def task_and_checkpoint(ckpt_path: str | Path, map_location: str = "cpu") -> tup
     return task.eval(), checkpoint
 
 
-def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: str = "cpu", *,
-                    base: bool = True) -> dict[str, Any]:
+def read_checkpoint(
+    path: str | Path, field: str = "ckpt_path", map_location: str = "cpu", *, base: bool = True
+) -> dict[str, Any]:
     """A zoo-train checkpoint through the weights-only loader, its layout checked; every problem is
     a CheckpointError naming ``field``. An adapter-only one (``adapter.save=only``) gets its base
     tensors back from the base it names, checked (``base=False``: left out, for reading its config)."""
@@ -223,14 +259,25 @@ def read_checkpoint(path: str | Path, field: str = "ckpt_path", map_location: st
         raise zoo.CheckpointError(f"{field}={error}") from None
     problem = layout_problem(checkpoint)
     if problem:
-        raise zoo.CheckpointError(f"{field}={path} is not a zoo-train checkpoint: {problem}; pass one from "
-                                  f"<run>/checkpoints/")
+        raise zoo.CheckpointError(
+            f"{field}={path} is not a zoo-train checkpoint: {problem}; pass one from <run>/checkpoints/"
+        )
     return with_base(checkpoint, source=f"{field}={path}", map_location=map_location) if base else checkpoint
 
 
-LAYOUT = {"zoo_run": dict, "hyper_parameters": dict, "state_dict": dict, "global_step": int,
-          "zoo_run.task": str, "zoo_run.data_module": str, "zoo_run.data": dict, "zoo_run.config_yaml": str,
-          "hyper_parameters.model": dict, "hyper_parameters.optimizer": dict, "tokenizer_json": str}
+LAYOUT = {
+    "zoo_run": dict,
+    "hyper_parameters": dict,
+    "state_dict": dict,
+    "global_step": int,
+    "zoo_run.task": str,
+    "zoo_run.data_module": str,
+    "zoo_run.data": dict,
+    "zoo_run.config_yaml": str,
+    "hyper_parameters.model": dict,
+    "hyper_parameters.optimizer": dict,
+    "tokenizer_json": str,
+}
 """What a checkpoint that zoo-train wrote holds, and of which type."""
 
 
@@ -245,8 +292,10 @@ def layout_problem(checkpoint: Any) -> str | None:
             return f"{key} is {type(value).__name__}, not {kind.__name__}"
     if checkpoint["zoo_run"]["task"] not in TASKS:
         return f"zoo_run.task={checkpoint['zoo_run']['task']!r} is not one of {TASKS.names()}"
-    bad = next((k for k, v in checkpoint["state_dict"].items()
-                if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
+    bad = next(
+        (k for k, v in checkpoint["state_dict"].items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)),
+        None,
+    )
     if bad is not None:
         return f"state_dict entry {bad!r} is not a named tensor"
     return None
@@ -262,22 +311,30 @@ def data_module(info: dict[str, Any], task: ZooTask, **overrides: Any) -> TextDa
     if target is not None:  # +data=<name>: that data set, read with the model's tokenizer
         info, overrides = {"data_module": str(target).rsplit(".", 1)[-1], "data": overrides}, {}
     elif info.get("data_module") is None:
-        raise UserError(f"ckpt_path={info.get('source')} is a pretrained model, which brings no data to evaluate "
-                        f"on; name it, e.g. +data=stdlib_code data.seq_len=128 (a conf/data/ file, then its "
-                        f"settings)")
+        raise UserError(
+            f"ckpt_path={info.get('source')} is a pretrained model, which brings no data to evaluate "
+            f"on; name it, e.g. +data=stdlib_code data.seq_len=128 (a conf/data/ file, then its "
+            f"settings)"
+        )
     if info.get("data_module") not in DATA_MODULES:
-        raise zoo.CheckpointError(f"the checkpoint names data module {info.get('data_module')!r}, which is not one "
-                                  f"of zoo's {DATA_MODULES.names()}")
+        raise zoo.CheckpointError(
+            f"the checkpoint names data module {info.get('data_module')!r}, which is not one "
+            f"of zoo's {DATA_MODULES.names()}"
+        )
     cls = DATA_MODULES.get(info["data_module"])
     unknown = sorted(set(overrides) - set(info["data"]))
     if unknown:
-        raise UserError(f"data.{unknown[0]} is not a setting of the checkpoint's data ({cls.__name__}); its settings: "
-                        f"{', '.join(sorted(info['data']))}")
+        raise UserError(
+            f"data.{unknown[0]} is not a setting of the checkpoint's data ({cls.__name__}); its settings: "
+            f"{', '.join(sorted(info['data']))}"
+        )
     settings = {**info["data"], **overrides}
     limit = task.model.max_positions
     if isinstance(settings.get("seq_len"), int) and limit is not None and settings["seq_len"] > limit:
-        raise UserError(f"data.seq_len={settings['seq_len']} is longer than the model's position table "
-                        f"(max_seq_len={limit}); give at most data.seq_len={limit}")
+        raise UserError(
+            f"data.seq_len={settings['seq_len']} is longer than the model's position table "
+            f"(max_seq_len={limit}); give at most data.seq_len={limit}"
+        )
     try:
         dm = cls(**settings)
     except (TypeError, ValueError) as error:
@@ -312,7 +369,8 @@ def quiet_libraries() -> None:
     logger, and a deprecation inside Lightning's own pytree helper."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: "litlogger" not in record.getMessage())
+        lambda record: "litlogger" not in record.getMessage()
+    )
 
 
 def literal(cfg: DictConfig, key: str) -> str | None:

@@ -27,9 +27,11 @@ def composition_error(error: BaseException) -> Exception | None:
     if isinstance(error, MissingConfigException):
         return zoo.ConfigError(_missing_config(error))
     if isinstance(error, OverrideParseException):
-        return zoo.ConfigError(f"{error.override}: Hydra cannot read this override ({_first_line(error.message)}); "
-                               f"write key=value, and quote a value that holds spaces, brackets or commas: "
-                               f"key='a value'")
+        return zoo.ConfigError(
+            f"{error.override}: Hydra cannot read this override ({_first_line(error.message)}); "
+            f"write key=value, and quote a value that holds spaces, brackets or commas: "
+            f"key='a value'"
+        )
     if isinstance(error, HydraException | OmegaConfBaseException):
         return zoo.ConfigError(_composition(error))
     if isinstance(error, OSError) and error.errno is not None:
@@ -43,8 +45,11 @@ def _missing_config(error: MissingConfigException) -> str:
     if not error.options or not group:
         return _first_line(str(error)).removeprefix("In 'train': ")
     where = re.match(r"In '([^']+)'", str(error))
-    asked = f" (asked for in {where.group(1)})" if where and "/" in where.group(1) and not \
-        where.group(1).startswith("hydra/") else ""
+    asked = (
+        f" (asked for in {where.group(1)})"
+        if where and "/" in where.group(1) and not where.group(1).startswith("hydra/")
+        else ""
+    )
     match = difflib.get_close_matches(choice, error.options, n=1)
     closest = f"; did you mean {group}={match[0]}?" if match else ""
     return f"{group}={choice} is not a choice of {group}{asked}{closest} (choices: {', '.join(error.options)})"
@@ -115,4 +120,3 @@ def config_groups() -> list[str]:
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[0] if lines else text
-

@@ -28,11 +28,11 @@ reads, a task's free text such as a sample prompt), so they are not held to file
 @dataclass(frozen=True)
 class ConfRules:
     """Args:
-        targets: place -> the ``_target_`` values conf/ gives there.
-        fixed: place -> a node that names code by an argument (``hydra.utils.get_class`` and its
-            ``path``): allowed only exactly as conf/ writes it.
-        in_run: dotted place -> conf/'s value there, a path in the run directory (``RUN_DIR``).
-        derived: places where conf/ gives an interpolation of another setting (``${monitor.metric}``).
+    targets: place -> the ``_target_`` values conf/ gives there.
+    fixed: place -> a node that names code by an argument (``hydra.utils.get_class`` and its
+        ``path``): allowed only exactly as conf/ writes it.
+    in_run: dotted place -> conf/'s value there, a path in the run directory (``RUN_DIR``).
+    derived: places where conf/ gives an interpolation of another setting (``${monitor.metric}``).
     """
 
     targets: dict[Place, frozenset[str]]
@@ -57,8 +57,13 @@ class ConfRules:
             items = [(str(i), v) for i, v in enumerate(config)]
         else:
             dotted = ".".join(place)
-            if built and isinstance(config, str) and not is_name(config) and dotted not in self.in_run \
-                    and place not in self.derived:
+            if (
+                built
+                and isinstance(config, str)
+                and not is_name(config)
+                and dotted not in self.in_run
+                and place not in self.derived
+            ):
                 return f"names the path {dotted}={config!r} where a name belongs"
             return None
         return next((p for key, value in items if (p := self.problem(value, (*place, key), built))), None)

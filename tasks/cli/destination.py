@@ -51,30 +51,38 @@ def check_destination(out: Path, files: Sequence[str], *, overwrite: bool) -> No
         return
     folders = [name for name in files if (out / name).is_dir()]
     if folders:
-        raise UserError(f"out={out}: {_names(folders)} is a folder where the export writes a file; move it away "
-                        f"or choose another out=")
+        raise UserError(
+            f"out={out}: {_names(folders)} is a folder where the export writes a file; move it away "
+            f"or choose another out="
+        )
     if overwrite:
         return
     previous = exported_files(out)
     if previous is None:
         present = sorted(p.name for p in out.iterdir())
         if present:
-            raise UserError(f"out={out} holds files zoo-export did not write ({_names(present)}); choose a new or "
-                            f"empty folder, or set overwrite=true to replace {_names(files)} there (nothing else is "
-                            f"touched)")
+            raise UserError(
+                f"out={out} holds files zoo-export did not write ({_names(present)}); choose a new or "
+                f"empty folder, or set overwrite=true to replace {_names(files)} there (nothing else is "
+                f"touched)"
+            )
         return
     foreign = [name for name in files if name not in previous and os.path.lexists(out / name)]
     if foreign:
-        raise UserError(f"out={out}: {_names(foreign)} was not written by zoo-export; move it away, or set "
-                        f"overwrite=true to replace it")
+        raise UserError(
+            f"out={out}: {_names(foreign)} was not written by zoo-export; move it away, or set "
+            f"overwrite=true to replace it"
+        )
 
 
 def check_new(out: Path, fmt: str) -> None:
     """Refuse an ``out=`` that is not a new or empty folder (a format that never merges)."""
     check_out(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"out={out}: format={fmt} writes a new folder and this one is not empty; choose a new or "
-                        f"empty folder (nothing is overwritten)")
+        raise UserError(
+            f"out={out}: format={fmt} writes a new folder and this one is not empty; choose a new or "
+            f"empty folder (nothing is overwritten)"
+        )
 
 
 def export_record(out: Path, fmt: str, written: Sequence[str]) -> dict[str, Any]:

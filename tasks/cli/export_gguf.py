@@ -62,8 +62,10 @@ class Checked:
 def require_gguf() -> None:
     """format=gguf needs the ``real`` extra's gguf (llama.cpp's own writer)."""
     if importlib.util.find_spec("gguf") is None:
-        raise UserError("format=gguf needs the package gguf (llama.cpp's own reader and writer), which is not "
-                        "installed; install the real extra: pip install -e \".[real]\"")
+        raise UserError(
+            "format=gguf needs the package gguf (llama.cpp's own reader and writer), which is not "
+            'installed; install the real extra: pip install -e ".[real]"'
+        )
 
 
 def gguf_problem(task: ZooTask) -> None:
@@ -72,8 +74,10 @@ def gguf_problem(task: ZooTask) -> None:
     zoo.gguf_exportable(task.model)
     own = [*task.export_modules()] or (["its classifier head"] if task.hf_classifier() is not None else [])
     if own:
-        raise UserError(f"format=gguf holds a language model alone, not {type(task).__name__}'s own "
-                        f"{', '.join(own)}; export this run with format=safetensors or format=hf")
+        raise UserError(
+            f"format=gguf holds a language model alone, not {type(task).__name__}'s own "
+            f"{', '.join(own)}; export this run with format=safetensors or format=hf"
+        )
     try:
         tokenizer_vocab(task.export_tokenizer(), task.model.config.vocab_size)
     except zoo.ConfigError as error:
@@ -86,9 +90,16 @@ def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], ca
     tokenizer, specials = task.export_tokenizer(), task.special_tokens
     before, _ = added_around(tokenizer)
     with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
-        arch = zoo.to_gguf(task.model, stage / FILE, dtype=dtype, tokenizer=tokenizer, specials=specials.record(),
-                           add_bos=specials.bos is not None and before == [specials.bos],
-                           chat_template=specials.chat_template, name=f"zoo {config['task']}")
+        arch = zoo.to_gguf(
+            task.model,
+            stage / FILE,
+            dtype=dtype,
+            tokenizer=tokenizer,
+            specials=specials.record(),
+            add_bos=specials.bos is not None and before == [specials.bos],
+            chat_template=specials.chat_template,
+            name=f"zoo {config['task']}",
+        )
         atomic_write_text(stage / "config.json", json.dumps(config, indent=2))
         if card is not None:
             atomic_write_text(stage / "README.md", card)
@@ -96,8 +107,11 @@ def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], ca
     where = f"exported {out}/{FILE} (llama.cpp {arch}, {dtype})"
     if checked is None:
         return float("nan"), f"{where} (not checked: transformers' GGUF loading needs transformers and accelerate)"
-    tokens = ("same greedy tokens" if checked.agree == checked.tokens else
-              f"greedy tokens: the first {checked.agree} of {checked.tokens} agree")
+    tokens = (
+        "same greedy tokens"
+        if checked.agree == checked.tokens
+        else f"greedy tokens: the first {checked.agree} of {checked.tokens} agree"
+    )
     return checked.diff, f"{where}; transformers' GGUF reload vs zoo: max abs diff {checked.diff:.3g}, {tokens}"
 
 
@@ -116,23 +130,29 @@ def check_gguf(task: ZooTask, folder: Path, arch: str, dtype: str) -> Checked | 
         got = theirs(input_ids=inputs["input_ids"], attention_mask=mask).logits.float()
     parity = masked_diff(mine, got, mask)
     if parity > PARITY:
-        raise UserError(f"format=gguf: transformers reads the {arch} file as other logits than zoo reads it (max abs "
-                        f"diff {parity:.3g} > {PARITY}); nothing was written. Please report this composition")
+        raise UserError(
+            f"format=gguf: transformers reads the {arch} file as other logits than zoo reads it (max abs "
+            f"diff {parity:.3g} > {PARITY}); nothing was written. Please report this composition"
+        )
     diff = masked_diff(want, got, mask)
     if dtype in TOLERANCE:
         limit, relative = TOLERANCE[dtype]
         limit *= max(1.0, want.abs().max().item()) if relative else 1.0
         if diff > limit:
-            raise UserError(f"format=gguf: gguf.dtype={dtype} moves the logits by {diff:.3g} from the checkpoint's "
-                            f"(more than {limit:.3g}); nothing was written. Choose gguf.dtype=f32")
+            raise UserError(
+                f"format=gguf: gguf.dtype={dtype} moves the logits by {diff:.3g} from the checkpoint's "
+                f"(more than {limit:.3g}); nothing was written. Choose gguf.dtype=f32"
+            )
     prompt = inputs["input_ids"][1:]  # the unpadded row
     steps = NEW_TOKENS if model.max_positions is None else min(NEW_TOKENS, model.max_positions - prompt.shape[1])
     ours = greedy(lambda ids: model(ids, torch.ones_like(ids)), prompt, steps)
     decoded = greedy(lambda ids: theirs(input_ids=ids).logits, prompt, steps)
     agree = next((i for i, (a, b) in enumerate(zip(ours, decoded, strict=True)) if a != b), steps)
     if dtype in SAME_TOKENS and agree < steps:
-        raise UserError(f"format=gguf: transformers' reading of the {dtype} file decodes other greedy tokens than "
-                        f"the checkpoint ({decoded} vs {ours}); nothing was written. Please report this")
+        raise UserError(
+            f"format=gguf: transformers' reading of the {dtype} file decodes other greedy tokens than "
+            f"the checkpoint ({decoded} vs {ours}); nothing was written. Please report this"
+        )
     return Checked(diff, agree, steps)
 
 
@@ -148,7 +168,8 @@ def hf_reading(folder: Path, arch: str, cfg: zoo.ModelConfig) -> Any:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             return transformers.AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=FILE, dtype=torch.float32, **READER_SETTINGS.get(arch, lambda cfg: {})(cfg)).eval()
+                folder, gguf_file=FILE, dtype=torch.float32, **READER_SETTINGS.get(arch, lambda cfg: {})(cfg)
+            ).eval()
     finally:
         logging.set_verbosity(verbosity)
 
@@ -159,4 +180,4 @@ def greedy(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, steps: int) ->
     with torch.no_grad():
         for _ in range(steps):
             ids = torch.cat([ids, logits_of(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)  # (1, T + 1)
-    return ids[0, prompt.shape[1]:].tolist()
+    return ids[0, prompt.shape[1] :].tolist()

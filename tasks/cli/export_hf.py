@@ -31,15 +31,20 @@ from zoo.io import atomic_write_text
 TOLERANCE = 1e-4
 SAMPLING = ("do_sample", "temperature", "top_k", "top_p")  # generation_config.json keys of sampling alone
 AUTO_CLASSES = {  # the transformers class format=hf writes -> the Auto class that loads it
-    "GPT2LMHeadModel": "AutoModelForCausalLM", "LlamaForCausalLM": "AutoModelForCausalLM",
-    "Qwen2ForCausalLM": "AutoModelForCausalLM", "MistralForCausalLM": "AutoModelForCausalLM",
+    "GPT2LMHeadModel": "AutoModelForCausalLM",
+    "LlamaForCausalLM": "AutoModelForCausalLM",
+    "Qwen2ForCausalLM": "AutoModelForCausalLM",
+    "MistralForCausalLM": "AutoModelForCausalLM",
     "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
-    "BertForMaskedLM": "AutoModelForMaskedLM", "BertForSequenceClassification": "AutoModelForSequenceClassification",
+    "BertForMaskedLM": "AutoModelForMaskedLM",
+    "BertForSequenceClassification": "AutoModelForSequenceClassification",
     "BertModel": "AutoModel",
 }
 PIPELINES = {  # the Hub's pipeline_tag for each Auto class
-    "AutoModelForCausalLM": "text-generation", "AutoModelForSeq2SeqLM": "text2text-generation",
-    "AutoModelForMaskedLM": "fill-mask", "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForCausalLM": "text-generation",
+    "AutoModelForSeq2SeqLM": "text2text-generation",
+    "AutoModelForMaskedLM": "fill-mask",
+    "AutoModelForSequenceClassification": "text-classification",
     "AutoModel": "feature-extraction",
 }
 
@@ -63,8 +68,14 @@ def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None
             found["diff"] = check_reload(task, folder, architecture)
 
     architecture = zoo.hf.family_class(task.model.config, classifier=head is not None)  # refuses, naming why
-    zoo.to_hf(task.model, out, classifier=head[0] if head else None, label_names=head[1] if head else None,
-              files=files, check=finish)
+    zoo.to_hf(
+        task.model,
+        out,
+        classifier=head[0] if head else None,
+        label_names=head[1] if head else None,
+        files=files,
+        check=finish,
+    )
     return found.get("diff")
 
 
@@ -74,16 +85,22 @@ def hf_generation(settings: dict[str, Any]) -> dict[str, Any]:
     validates them: ``length_penalty`` with beams, temperature, top-k and top-p with sampling (zoo's
     beam search never samples; its stop is transformers' ``early_stopping=False``); top_k None is 0
     and top_p None is 1 there (off), as transformers' own defaults (50, 1.0) would filter otherwise."""
-    given = {name: p.default for name, p in inspect.signature(zoo.ZooModel.generate).parameters.items()
-             if p.default is not inspect.Parameter.empty} | settings
+    given = {
+        name: p.default
+        for name, p in inspect.signature(zoo.ZooModel.generate).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    } | settings
     beams = given["num_beams"]
     sample = bool(given["do_sample"]) and given["temperature"] > 0 and beams == 1
     out: dict[str, Any] = {"max_new_tokens": given["max_new_tokens"], "num_beams": beams, "do_sample": sample}
     if beams > 1:
         out |= {"length_penalty": given["length_penalty"], "early_stopping": False}
     if sample:
-        out |= {"temperature": given["temperature"], "top_k": given["top_k"] or 0,
-                "top_p": 1.0 if given["top_p"] is None else given["top_p"]}
+        out |= {
+            "temperature": given["temperature"],
+            "top_k": given["top_k"] or 0,
+            "top_p": 1.0 if given["top_p"] is None else given["top_p"],
+        }
     if given["repetition_penalty"] != 1.0:
         out["repetition_penalty"] = given["repetition_penalty"]
     if given["no_repeat_ngram_size"]:
@@ -97,17 +114,28 @@ def tokenizer_files(task: ZooTask) -> dict[str, str]:
     padding for a decoder (its batched generation needs it) and the chat template, if any."""
     specials = task.special_tokens
     tokenizer = task.export_tokenizer()
-    tokens = {f"{role}_token": tokenizer.id_to_token(getattr(specials, role)) for role in ROLES
-              if getattr(specials, role) is not None}
+    tokens = {
+        f"{role}_token": tokenizer.id_to_token(getattr(specials, role))
+        for role in ROLES
+        if getattr(specials, role) is not None
+    }
     cfg = task.model.config
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-              "model_max_length": cfg.max_seq_len or 1_000_000,
-              "padding_side": "left" if type(task.model).decoding is not None and not type(task.model).cross_attention
-              else "right", **tokens}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": cfg.max_seq_len or 1_000_000,
+        "padding_side": "left"
+        if type(task.model).decoding is not None and not type(task.model).cross_attention
+        else "right",
+        **tokens,
+    }
     if getattr(specials, "chat_template", None):  # a model started from a chat model keeps its template
         config["chat_template"] = specials.chat_template
-    return {"tokenizer.json": tokenizer.to_str(pretty=True), "tokenizer_config.json": _json(config),
-            "special_tokens_map.json": _json(tokens)}
+    return {
+        "tokenizer.json": tokenizer.to_str(pretty=True),
+        "tokenizer_config.json": _json(config),
+        "special_tokens_map.json": _json(tokens),
+    }
 
 
 def check_reload(task: ZooTask, folder: Path, architecture: str) -> float:
@@ -127,8 +155,10 @@ def check_reload(task: ZooTask, folder: Path, architecture: str) -> float:
         theirs = out.last_hidden_state if theirs is None else theirs
     diff = masked_diff(ours.float(), theirs.float(), inputs["attention_mask"])
     if diff > TOLERANCE:
-        raise UserError(f"format=hf: transformers' {architecture} computes other logits than the zoo model (max abs "
-                        f"diff {diff:.3g} > {TOLERANCE}); nothing was written. Please report this composition")
+        raise UserError(
+            f"format=hf: transformers' {architecture} computes other logits than the zoo model (max abs "
+            f"diff {diff:.3g} > {TOLERANCE}); nothing was written. Please report this composition"
+        )
     if type(model).decoding is not None:
         _check_decoding(task, hf, folder, inputs, architecture)
     return diff
@@ -152,22 +182,31 @@ def _check_decoding(task: ZooTask, hf: Any, folder: Path, inputs: dict[str, Tens
 
     model = task.model
     steps = type(model).decoding
-    prompt, mask = (inputs["input_ids"], inputs["attention_mask"]) if not steps.left_pad else \
-        (inputs["input_ids"][1:], inputs["attention_mask"][1:])
+    prompt, mask = (
+        (inputs["input_ids"], inputs["attention_mask"])
+        if not steps.left_pad
+        else (inputs["input_ids"][1:], inputs["attention_mask"][1:])
+    )
     settings = {**task.generation_settings(), "do_sample": False}
     if model.max_positions is not None:
         settings["max_new_tokens"] = min(settings["max_new_tokens"], model.max_positions - steps.held(prompt.shape[1]))
     written = json.loads((folder / "generation_config.json").read_text())
-    hf.generation_config = transformers.GenerationConfig(**{
-        **{key: value for key, value in written.items() if key not in SAMPLING}, "do_sample": False,
-        "max_new_tokens": settings["max_new_tokens"]})
+    hf.generation_config = transformers.GenerationConfig(
+        **{
+            **{key: value for key, value in written.items() if key not in SAMPLING},
+            "do_sample": False,
+            "max_new_tokens": settings["max_new_tokens"],
+        }
+    )
     ours = model.generate(prompt, attention_mask=mask, **settings)
     with torch.no_grad():
         theirs = hf.generate(prompt, attention_mask=mask)
     if ours.tolist() != theirs.tolist():
-        raise UserError(f"format=hf: transformers' {architecture} decodes other tokens than the zoo model with the "
-                        f"task's settings {settings} ({theirs[0].tolist()} vs {ours[0].tolist()}); nothing was "
-                        f"written. Please report this")
+        raise UserError(
+            f"format=hf: transformers' {architecture} decodes other tokens than the zoo model with the "
+            f"task's settings {settings} ({theirs[0].tolist()} vs {ours[0].tolist()}); nothing was "
+            f"written. Please report this"
+        )
 
 
 def _json(values: dict[str, Any]) -> str:

@@ -44,8 +44,10 @@ def require_onnx() -> None:
     """format=onnx needs the ``export`` extra; a UserError names it when a package is missing."""
     for package in ONNX_PACKAGES:
         if importlib.util.find_spec(package) is None:
-            raise UserError(f"format=onnx needs the package {package}, which is not installed; install the export "
-                            f"extra: pip install -e \".[export]\"")
+            raise UserError(
+                f"format=onnx needs the package {package}, which is not installed; install the export "
+                f'extra: pip install -e ".[export]"'
+            )
 
 
 @contextmanager
@@ -76,8 +78,17 @@ def onnx_program(task: ZooTask, opset: int) -> tuple[Any, ExportGraph]:
     if "decoder_input_ids" in inputs:
         shapes["decoder_input_ids"] = {0: batch, 1: target}
     with exporter_quiet():
-        program = torch.onnx.export(graph, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
-                                    output_names=["output"], opset_version=opset, dynamo=True, verbose=False)
+        program = torch.onnx.export(
+            graph,
+            (),
+            kwargs=inputs,
+            dynamic_shapes=shapes,
+            input_names=list(inputs),
+            output_names=["output"],
+            opset_version=opset,
+            dynamo=True,
+            verbose=False,
+        )
     return program, graph
 
 

@@ -31,7 +31,8 @@ from zoo.io import atomic_write_text
 from zoo.registry import Registry
 
 ONNX_INPUTS = {  # an example value for each input a zoo model's graph may take (ZooModel.input_names)
-    "input_ids": "input_ids", "attention_mask": "np.ones_like(input_ids)",
+    "input_ids": "input_ids",
+    "attention_mask": "np.ones_like(input_ids)",
     "decoder_input_ids": "np.full((1, 1), {cfg.decoder_start_token_id}, dtype=np.int64)",
 }
 FOLDER = 'folder = "path/to/this/folder"'
@@ -104,18 +105,33 @@ class Safetensors(ExportFormat):
     name, title = "safetensors", "safetensors"
 
     def files(self, task: ZooTask) -> list[str]:
-        return ["config.json", "model.safetensors", "config.yaml", "tokenizer.json", "README.md",
-                *task.export_modules()]
+        return [
+            "config.json",
+            "model.safetensors",
+            "config.yaml",
+            "tokenizer.json",
+            "README.md",
+            *task.export_modules(),
+        ]
 
     def write(self, task: ZooTask, checkpoint: dict[str, Any], out: Path, card: str | None) -> tuple[float, str]:
         diff = export_safetensors(task, checkpoint["zoo_run"], out, card)
         return diff, f"exported {out}/model.safetensors; zoo.load_pretrained reload: max abs diff {diff:.3g}"
 
     def load_code(self, task: ZooTask, hf_class: str | None) -> list[str]:
-        extras = [f"# also here: {name} (the task's own module; config.json holds its settings)"
-                  for name in task.export_modules()]
-        return ["import zoo", "from tokenizers import Tokenizer", "", FOLDER,
-                f"model = zoo.load_pretrained(folder)  # {type(task.model).__name__}, in eval mode", TOKENIZER, *extras]
+        extras = [
+            f"# also here: {name} (the task's own module; config.json holds its settings)"
+            for name in task.export_modules()
+        ]
+        return [
+            "import zoo",
+            "from tokenizers import Tokenizer",
+            "",
+            FOLDER,
+            f"model = zoo.load_pretrained(folder)  # {type(task.model).__name__}, in eval mode",
+            TOKENIZER,
+            *extras,
+        ]
 
 
 def export_safetensors(task: ZooTask, info: dict, out: Path, card: str | None = None) -> float:
@@ -164,10 +180,17 @@ class Onnx(ExportFormat):
     def load_code(self, task: ZooTask, hf_class: str | None) -> list[str]:
         cfg = task.model.config
         inputs = ", ".join(f'"{n}": {ONNX_INPUTS.get(n, "...").format(cfg=cfg)}' for n in type(task.model).input_names)
-        return ["import numpy as np", "import onnxruntime", "from tokenizers import Tokenizer", "", FOLDER, TOKENIZER,
-                'session = onnxruntime.InferenceSession(f"{folder}/model.onnx")',
-                'input_ids = np.array([tokenizer.encode("Hello").ids], dtype=np.int64)',
-                f"(output,) = session.run(None, {{{inputs}}})"]
+        return [
+            "import numpy as np",
+            "import onnxruntime",
+            "from tokenizers import Tokenizer",
+            "",
+            FOLDER,
+            TOKENIZER,
+            'session = onnxruntime.InferenceSession(f"{folder}/model.onnx")',
+            'input_ids = np.array([tokenizer.encode("Hello").ids], dtype=np.int64)',
+            f"(output,) = session.run(None, {{{inputs}}})",
+        ]
 
 
 def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | None = None) -> float:
@@ -181,8 +204,12 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | No
         with zoo.io.naming(stage / "model.onnx"):
             program.save(stage / "model.onnx")  # + model.onnx.data when over torch's single-file limit
         record = export_record(out, "onnx", ["config.json", *os.listdir(stage), "tokenizer.json", *card_file])
-        config = {"model": task.model.config.to_dict(), "task": info["task"], **task.export_info("onnx"),
-                  RECORD: record}
+        config = {
+            "model": task.model.config.to_dict(),
+            "task": info["task"],
+            **task.export_info("onnx"),
+            RECORD: record,
+        }
         atomic_write_text(stage / "config.json", json.dumps(config, indent=2))
         zoo.io.atomic_write_with(stage / "tokenizer.json", lambda tmp: task.tokenizer.save(str(tmp)))
         if card is not None:
@@ -200,8 +227,15 @@ class HF(ExportFormat):
         self.card_class(task)  # refuses, naming why
 
     def files(self, task: ZooTask) -> list[str]:
-        return ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", "README.md"]
+        return [
+            "config.json",
+            "model.safetensors",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "README.md",
+        ]
 
     def check_destination(self, task: ZooTask, out: Path, *, overwrite: bool) -> None:
         check_new(out, self.name)
@@ -221,8 +255,13 @@ class HF(ExportFormat):
     def load_code(self, task: ZooTask, hf_class: str | None) -> list[str]:
         auto = AUTO_CLASSES.get(hf_class or "", hf_class)
         note = f"  # {hf_class}" if auto != hf_class else ""
-        return [f"from transformers import {auto}, AutoTokenizer", "", FOLDER,
-                "tokenizer = AutoTokenizer.from_pretrained(folder)", f"model = {auto}.from_pretrained(folder){note}"]
+        return [
+            f"from transformers import {auto}, AutoTokenizer",
+            "",
+            FOLDER,
+            "tokenizer = AutoTokenizer.from_pretrained(folder)",
+            f"model = {auto}.from_pretrained(folder){note}",
+        ]
 
 
 @export_format
@@ -233,8 +272,9 @@ class GGUF(ExportFormat):
 
     def __init__(self, dtype: str = "f32") -> None:
         if dtype not in zoo.gguf.FILE_TYPES:
-            raise zoo.ConfigError(f"gguf.dtype={dtype!r} is not a GGUF weight type zoo writes; choose "
-                                  f"{', '.join(zoo.gguf.FILE_TYPES)}")
+            raise zoo.ConfigError(
+                f"gguf.dtype={dtype!r} is not a GGUF weight type zoo writes; choose {', '.join(zoo.gguf.FILE_TYPES)}"
+            )
         self.dtype = dtype
 
     @classmethod
@@ -252,16 +292,25 @@ class GGUF(ExportFormat):
 
     def write(self, task: ZooTask, checkpoint: dict[str, Any], out: Path, card: str | None) -> tuple[float, str]:
         files = [name for name in self.files(task) if name != "README.md" or card is not None]
-        config = {"model": task.model.config.to_dict(), "task": checkpoint["zoo_run"]["task"],
-                  **task.export_info(self.name), RECORD: export_record(out, self.name, files)}
+        config = {
+            "model": task.model.config.to_dict(),
+            "task": checkpoint["zoo_run"]["task"],
+            **task.export_info(self.name),
+            RECORD: export_record(out, self.name, files),
+        }
         return export_gguf(task, out, self.dtype, config, card)
 
     def pipeline(self, hf_class: str | None) -> str | None:
         return "text-generation"
 
     def load_code(self, task: ZooTask, hf_class: str | None) -> list[str]:
-        return ["# llama.cpp: llama-cli -m path/to/this/folder/model.gguf", "import zoo",
-                "from transformers import AutoModelForCausalLM, AutoTokenizer", "", FOLDER,
-                'got = zoo.read_gguf(f"{folder}/model.gguf")  # got.model, got.tokenizer, got.chat_template',
-                'tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file="model.gguf")',
-                'model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf")']
+        return [
+            "# llama.cpp: llama-cli -m path/to/this/folder/model.gguf",
+            "import zoo",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            FOLDER,
+            'got = zoo.read_gguf(f"{folder}/model.gguf")  # got.model, got.tokenizer, got.chat_template',
+            'tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file="model.gguf")',
+            'model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf")',
+        ]

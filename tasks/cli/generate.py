@@ -40,8 +40,19 @@ def prompt_of(task: ZooTask, cfg: DictConfig) -> str:
     return prompt
 
 
-SETTINGS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_beams", "repetition_penalty",
-            "no_repeat_ngram_size", "top", "seed", "compile")
+SETTINGS = (
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "num_beams",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "top",
+    "seed",
+    "compile",
+)
 """The settings of conf/generate.yaml that go to ``ZooTask.respond``; each task reads those it needs."""
 
 
@@ -50,8 +61,10 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
     """The answer of ``task`` to ``cfg.prompt`` (``ZooTask.respond``); a UserError for a task zoo-generate
     does not know and for a prompt the model cannot read."""
     if task_name not in TASKS:
-        raise UserError(f"the checkpoint's task {task_name!r} is not one zoo-generate answers ({', '.join(TASKS)});"
-                        f" pass a checkpoint of one of those")
+        raise UserError(
+            f"the checkpoint's task {task_name!r} is not one zoo-generate answers ({', '.join(TASKS)});"
+            f" pass a checkpoint of one of those"
+        )
     prompt = prompt_of(task, cfg)
     try:
         return task.respond(prompt, **{key: cfg[key] for key in SETTINGS})
@@ -68,8 +81,12 @@ def main(cfg: DictConfig) -> str:
     if not isinstance(cfg.compile, bool):
         raise UserError(f"compile={cfg.compile!r} must be true or false")
     torch.manual_seed(cfg.seed)
-    given(cfg, "ckpt_path", "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt, or a "
-                            "pretrained model (an HF folder, a GGUF file)")
+    given(
+        cfg,
+        "ckpt_path",
+        "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt, or a "
+        "pretrained model (an HF folder, a GGUF file)",
+    )
     task, info = load_model_task(cfg.ckpt_path)
     for_inference(task, cfg)  # quantize= / kv_cache=
     if task.tokenizer_json is None:
@@ -92,8 +109,10 @@ def speed_line(speed: zoo.Measured, *, compiled: bool) -> str:
     """How fast the answer was decoded, for comparing ``quantize=``, ``kv_cache=`` and ``compile=``."""
     line = f"zoo: {speed.tokens} new tokens in {speed.seconds:.2f} s ({speed.tokens_per_s:,.1f} tokens/s)"
     if compiled:
-        line += ("; compile=true: this includes compiling the decoding step, which pays back only over many "
-                 "tokens in one process (a benchmark or a server), not in one short call")
+        line += (
+            "; compile=true: this includes compiling the decoding step, which pays back only over many "
+            "tokens in one process (a benchmark or a server), not in one short call"
+        )
     return line
 
 

@@ -55,8 +55,11 @@ class FreshRunDir(Callback):
                 if fresh != folder:
                     set_hydra(config, "run.dir", str(fresh))
         except OSError as error:
-            _exit(f"cannot create the run directory {error.filename or folder}: {error.strerror}; choose a folder "
-                  f"you can write with hydra.run.dir=", code=1)
+            _exit(
+                f"cannot create the run directory {error.filename or folder}: {error.strerror}; choose a folder "
+                f"you can write with hydra.run.dir=",
+                code=1,
+            )
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         OWN_RUN_DIR.clear()  # the run is over: its directory is no longer a candidate for removal
@@ -86,13 +89,20 @@ class FreshRunDir(Callback):
             set_hydra(config, "output_subdir", str(record.relative_to(folder)))  # record stays beside this one
             return
         if holds_a_run(folder):
-            hint = f", or resume that run with {self.resume_key}={folder / 'checkpoints' / 'last.ckpt'}" \
-                if self.resume_key else ""
-            _exit(f"hydra.run.dir={folder} holds a training run's files; nothing else writes there: leave "
-                  f"hydra.run.dir at its default (a fresh directory){hint}")
+            hint = (
+                f", or resume that run with {self.resume_key}={folder / 'checkpoints' / 'last.ckpt'}"
+                if self.resume_key
+                else ""
+            )
+            _exit(
+                f"hydra.run.dir={folder} holds a training run's files; nothing else writes there: leave "
+                f"hydra.run.dir at its default (a fresh directory){hint}"
+            )
         names = sorted(p.name for p in folder.iterdir())
-        _exit(f"hydra.run.dir={folder} is not empty ({', '.join(names[:4])}{' …' if len(names) > 4 else ''}); "
-              f"choose a new or empty folder, or leave hydra.run.dir at its default")
+        _exit(
+            f"hydra.run.dir={folder} is not empty ({', '.join(names[:4])}{' …' if len(names) > 4 else ''}); "
+            f"choose a new or empty folder, or leave hydra.run.dir at its default"
+        )
 
 
 OWN_RUN_DIR: list[Path] = []

@@ -108,13 +108,16 @@ class GGUFFile(PretrainedSource):
     def tokenizer(self) -> tuple[Tokenizer, Specials]:
         got, where = self.contents, f"init_from={self.given}"
         if got.tokenizer is None:
-            raise DataError(f"{where}: the file holds no vocabulary (tokenizer.ggml.*), so its token ids mean "
-                            "nothing to zoo's data; use a GGUF file with its tokenizer")
+            raise DataError(
+                f"{where}: the file holds no vocabulary (tokenizer.ggml.*), so its token ids mean "
+                "nothing to zoo's data; use a GGUF file with its tokenizer"
+            )
         roles = {f.name for f in fields(Specials)} - {"others", "origin", "chat_template"}
         ids = {role: i for role, i in got.specials.items() if role in roles}
         others = frozenset(i for role, i in got.specials.items() if role not in roles)  # eot...
-        return got.tokenizer, Specials(**{"decoder_start": ids.get("pad"), **ids}, others=others, origin=where,
-                                       chat_template=got.chat_template)
+        return got.tokenizer, Specials(
+            **{"decoder_start": ids.get("pad"), **ids}, others=others, origin=where, chat_template=got.chat_template
+        )
 
     def loaded(self) -> str:
         types = sorted({t for kinds in self.contents.loaded.values() for t in kinds.split("+")})
@@ -159,9 +162,11 @@ def source_task(source: PretrainedSource) -> tuple[ZooTask, dict[str, Any]]:
     model = read_model(source, "ckpt_path")
     names = [name for name in TASKS.names() if model.config.arch in TASKS.get(name).forms]
     if len(names) != 1:  # an encoder: a classifier's or an MLM's, which the source cannot say
-        raise UserError(f"ckpt_path={source.given} is a pretrained {model.config.arch}, which {' and '.join(names)} "
-                        f"tasks train alike; fine-tune it with zoo-train init_from={source.given} task=<one of them> "
-                        f"and pass that run's checkpoint")
+        raise UserError(
+            f"ckpt_path={source.given} is a pretrained {model.config.arch}, which {' and '.join(names)} "
+            f"tasks train alike; fine-tune it with zoo-train init_from={source.given} task=<one of them> "
+            f"and pass that run's checkpoint"
+        )
     tokenizer, specials = source.tokenizer()
     task = TASKS.get(names[0])(model=model.config.to_dict(), optimizer={}, tokenizer_json=tokenizer.to_str())
     task.model = model  # the source's weights (the task's own fresh model is dropped)
@@ -178,9 +183,11 @@ def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
     for key in explicit:
         mine = cfg.model.get(key)
         if key not in ADJUSTABLE and key in theirs.to_dict() and mine != getattr(theirs, key):
-            raise zoo.ConfigError(f"model.{key}={mine}: the weights in {source.path} have {key}="
-                                  f"{getattr(theirs, key)}; drop the override (a pretrained model keeps its shape; "
-                                  f"only {', '.join(ADJUSTABLE)} may change)")
+            raise zoo.ConfigError(
+                f"model.{key}={mine}: the weights in {source.path} have {key}="
+                f"{getattr(theirs, key)}; drop the override (a pretrained model keeps its shape; "
+                f"only {', '.join(ADJUSTABLE)} may change)"
+            )
     wanted = model_config(cfg.model)  # the experiment's model: its heads are what the task trains
     adjusted = {k: getattr(wanted, k) for k in ADJUSTABLE if k in explicit or k in HEADS}
     chosen = theirs.replace(**adjusted)
@@ -188,16 +195,20 @@ def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
         for key, value in chosen.to_dict().items():
             cfg.model[key] = value
         cfg.model.preset = None
-    print(f"init_from {source.path}: the model is the {source.kind}'s {theirs.arch} ({theirs.n_layers} layers, "
-          f"d_model {theirs.d_model}, {zoo.count_parameters(model):,} parameters{source.loaded()}); it replaces the "
-          f"experiment's model preset, and the {source.kind}'s tokenizer replaces data.tokenizer_*")
+    print(
+        f"init_from {source.path}: the model is the {source.kind}'s {theirs.arch} ({theirs.n_layers} layers, "
+        f"d_model {theirs.d_model}, {zoo.count_parameters(model):,} parameters{source.loaded()}); it replaces the "
+        f"experiment's model preset, and the {source.kind}'s tokenizer replaces data.tokenizer_*"
+    )
     return model
 
 
 def as_checkpoint(model: zoo.ZooModel) -> dict[str, Any]:
     """The model's weights in the layout ``ZooTask.init_from`` reads."""
-    return {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-            "hyper_parameters": {"model": model.config.to_dict()}}
+    return {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "hyper_parameters": {"model": model.config.to_dict()},
+    }
 
 
 def _model_overrides() -> list[str]:

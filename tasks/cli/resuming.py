@@ -45,8 +45,10 @@ def run_of(path: str | Path) -> tuple[Path, Path]:
     if unread:
         other = next((c for c in found if c not in unread), None)
         hint = f"resume from the other one with resume={other}" if other else "start a new run"
-        raise UserError(f"resume={path}: {unread[0]} cannot be read as a zoo-train checkpoint, so which one is newest "
-                        f"is unknown; {hint}")
+        raise UserError(
+            f"resume={path}: {unread[0]} cannot be read as a zoo-train checkpoint, so which one is newest "
+            f"is unknown; {hint}"
+        )
     return path.resolve(), max(found, key=lambda ckpt: (steps[ckpt], CHECKPOINTS.index(ckpt.name)))
 
 
@@ -63,17 +65,21 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         if key == "resume" or key.startswith("hydra"):
             continue
         if override.is_delete() or "/" in key or (Path(conf_dir()) / key).is_dir():
-            raise UserError(f"resume= continues a run with its own config; {override.input_line} would make "
-                            f"another run: give only key=value changes (e.g. trainer.max_steps=2000), or start a "
-                            f"new run")
+            raise UserError(
+                f"resume= continues a run with its own config; {override.input_line} would make "
+                f"another run: give only key=value changes (e.g. trainer.max_steps=2000), or start a "
+                f"new run"
+            )
         with open_dict(resumed):
             OmegaConf.update(resumed, key, override.value(), force_add=True)
         applied.append(override.input_line)
     with open_dict(resumed):
         resumed.ckpt_path, resumed.resume, resumed.init_from = str(ckpt), None, None  # weights: the checkpoint's
     step = checkpoint["global_step"]
-    print(f"resuming {run_dir} from {ckpt.name} (step {step})"
-          + (f" with {' '.join(applied)}" if applied else ", with its own config"))
+    print(
+        f"resuming {run_dir} from {ckpt.name} (step {step})"
+        + (f" with {' '.join(applied)}" if applied else ", with its own config")
+    )
     return resumed
 
 
@@ -92,19 +98,25 @@ def stored_config(text: str, ckpt: Path, run_dir: Path) -> DictConfig:
     try:
         raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
     except (yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError) as error:
-        raise zoo.CheckpointError(f"resume={ckpt}: its stored config (zoo_run.config_yaml) cannot be read "
-                                  f"({' '.join(str(error).split())[:160]}); use a checkpoint zoo-train wrote") from None
+        raise zoo.CheckpointError(
+            f"resume={ckpt}: its stored config (zoo_run.config_yaml) cannot be read "
+            f"({' '.join(str(error).split())[:160]}); use a checkpoint zoo-train wrote"
+        ) from None
     paths = raw.get("paths") if isinstance(raw, dict) else None
     old_dir = paths.get("output_dir") if isinstance(paths, dict) else None
     if not isinstance(old_dir, str):
-        raise zoo.CheckpointError(f"resume={ckpt}: its stored config (zoo_run.config_yaml) is not a zoo-train run's "
-                                  f"(no paths.output_dir); use a checkpoint zoo-train wrote")
+        raise zoo.CheckpointError(
+            f"resume={ckpt}: its stored config (zoo_run.config_yaml) is not a zoo-train run's "
+            f"(no paths.output_dir); use a checkpoint zoo-train wrote"
+        )
     rules = conf_rules(conf_dir())
     problem = rules.problem(raw)
     if problem:
-        raise zoo.CheckpointError(f"resume={ckpt}: its stored config {problem}, which zoo's conf/ does not: resume= "
-                                  f"builds only what conf/ names, so nothing was run. Resume only a run you trust; to "
-                                  f"continue it with a config of your own, give ckpt_path={ckpt} and that command line")
+        raise zoo.CheckpointError(
+            f"resume={ckpt}: its stored config {problem}, which zoo's conf/ does not: resume= "
+            f"builds only what conf/ names, so nothing was run. Resume only a run you trust; to "
+            f"continue it with a config of your own, give ckpt_path={ckpt} and that command line"
+        )
     resumed = OmegaConf.create(as_literal(raw))
     with open_dict(resumed):
         for place, value in rules.in_run.items():
@@ -136,5 +148,4 @@ def rebase_paths(node: DictConfig | ListConfig, old: str, new: str) -> None:
         if isinstance(value, DictConfig | ListConfig):
             rebase_paths(value, old, new)
         elif isinstance(value, str) and (value == old or value.startswith(old.rstrip(os.sep) + os.sep)):
-            node[key] = as_literal(new + value[len(old):])
-
+            node[key] = as_literal(new + value[len(old) :])

@@ -82,11 +82,14 @@ def train_run(cfg: DictConfig) -> float | None:
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
-    checkpoint_io = ZooCheckpointIO(own_dir=output_dir / "checkpoints",
-                                    preloaded={str(cfg.ckpt_path): resume} if resume else None,
-                                    superseded=[c.path for c in callbacks if isinstance(c, CrashCheckpoint)])
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, ValidateAtTheEnd()], logger=loggers or False,
-                                     plugins=[checkpoint_io])
+    checkpoint_io = ZooCheckpointIO(
+        own_dir=output_dir / "checkpoints",
+        preloaded={str(cfg.ckpt_path): resume} if resume else None,
+        superseded=[c.path for c in callbacks if isinstance(c, CrashCheckpoint)],
+    )
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=[*callbacks, ValidateAtTheEnd()], logger=loggers or False, plugins=[checkpoint_io]
+    )
     if first:  # the first writes: everything above has loaded and been checked
         claim_and_write(cfg, output_dir, datamodule, task, loggers, resume)
     relaunch_as_this_job()
@@ -100,13 +103,20 @@ def train_run(cfg: DictConfig) -> float | None:
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
         with interrupts_said(trainer, callbacks, output_dir):
-            results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False,
-                                   weights_only=True)
+            results = trainer.test(
+                task, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True
+            )
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
     if trainer.is_global_zero:
         score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
-        summarize(output_dir, best, metrics, model_cfg, zoo.count_parameters(task.model),
-                  (cfg.monitor.metric, float(score)) if score is not None else None)
+        summarize(
+            output_dir,
+            best,
+            metrics,
+            model_cfg,
+            zoo.count_parameters(task.model),
+            (cfg.monitor.metric, float(score)) if score is not None else None,
+        )
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
 
@@ -116,9 +126,17 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     when given; compiled when asked."""
     scheduler = OmegaConf.to_container(cfg.scheduler) if "scheduler" in cfg else None  # None: a run of 0.x resumed
     adapter = OmegaConf.to_container(cfg.adapter) if "adapter" in cfg else None
-    task = instantiate(cfg.task, model=model_cfg.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer),
-                       scheduler=scheduler, adapter=adapter, tokenizer_json=datamodule.tokenizer_json(),
-                       **datamodule.task_info(), _convert_="all", _recursive_=False)  # task.* are data
+    task = instantiate(
+        cfg.task,
+        model=model_cfg.to_dict(),
+        optimizer=OmegaConf.to_container(cfg.optimizer),
+        scheduler=scheduler,
+        adapter=adapter,
+        tokenizer_json=datamodule.tokenizer_json(),
+        **datamodule.task_info(),
+        _convert_="all",
+        _recursive_=False,
+    )  # task.* are data
     task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
     task.specials = datamodule.specials_record()
     if start:
@@ -128,8 +146,9 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     return task
 
 
-def claim_and_write(cfg: DictConfig, output_dir: Path, datamodule: Any, task: Any, loggers: list[Any],
-                    resume: dict[str, Any] | None) -> None:
+def claim_and_write(
+    cfg: DictConfig, output_dir: Path, datamodule: Any, task: Any, loggers: list[Any], resume: dict[str, Any] | None
+) -> None:
     """Claim the run directory (held until training ends) and write what a run keeps beside its
     checkpoints; a resumed run's metrics file loses the rows that the resume logs again."""
     claim_run_dir(output_dir, resume_from=cfg.ckpt_path)
@@ -180,8 +199,10 @@ def checkpoint_tokenizer(checkpoint: dict[str, Any], cfg: DictConfig) -> Tokeniz
     tokenizer = Tokenizer.from_str(text)
     given = cfg.data.get("tokenizer_path")
     if given and read_tokenizer(given).to_str() != tokenizer.to_str() and not cfg.init_partial:
-        raise zoo.ConfigError(f"data.tokenizer_path={given} differs from the tokenizer the checkpoint was trained "
-                              f"with; drop data.tokenizer_path (the checkpoint's is used) or set init_partial=true")
+        raise zoo.ConfigError(
+            f"data.tokenizer_path={given} differs from the tokenizer the checkpoint was trained "
+            f"with; drop data.tokenizer_path (the checkpoint's is used) or set init_partial=true"
+        )
     return tokenizer
 
 
@@ -201,8 +222,9 @@ def check_export(cfg: DictConfig, model_cfg: zoo.ModelConfig, task: Any = None) 
         task.hf_classifier()
 
 
-def hand_tokenizer(datamodule: Any, cfg: DictConfig, checkpoint: dict | None, folder: PretrainedSource | None,
-                   rank_dir: Path | None) -> None:
+def hand_tokenizer(
+    datamodule: Any, cfg: DictConfig, checkpoint: dict | None, folder: PretrainedSource | None, rank_dir: Path | None
+) -> None:
     """Give the data module the tokenizer the weights were trained with (a checkpoint's, or an HF
     folder's); in a DDP process of rank > 0 (``rank_dir``: the run directory) the one rank 0 saved."""
     if checkpoint:
@@ -219,19 +241,24 @@ def checkpoint_specials(checkpoint: dict[str, Any]) -> Specials:
     return Specials.from_record(record) if record else Specials.zoo()
 
 
-def data_sizes(cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int], *,
-               pretrained: bool = False) -> dict[str, int]:
+def data_sizes(
+    cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int], *, pretrained: bool = False
+) -> dict[str, int]:
     """The sizes the data decides; an explicit model.vocab_size that disagrees is a ConfigError. A
     pretrained model keeps its vocabulary (its embedding may have rows the tokenizer does not use)."""
     if pretrained:
         if sizes["vocab_size"] > model_cfg.vocab_size:
-            raise zoo.ConfigError(f"init_from={cfg.init_from}: the tokenizer has {sizes['vocab_size']} tokens but the "
-                                  f"model only {model_cfg.vocab_size} embeddings; use the folder's own tokenizer.json")
+            raise zoo.ConfigError(
+                f"init_from={cfg.init_from}: the tokenizer has {sizes['vocab_size']} tokens but the "
+                f"model only {model_cfg.vocab_size} embeddings; use the folder's own tokenizer.json"
+            )
         return {k: v for k, v in sizes.items() if k != "vocab_size"}
     explicit = cfg.model.get("vocab_size")
     if explicit is not None and explicit != sizes["vocab_size"]:
-        raise zoo.ConfigError(f"model.vocab_size={explicit} but the tokenizer has {sizes['vocab_size']} tokens; "
-                              f"drop model.vocab_size (the data decides it) or set data.vocab_size={explicit}")
+        raise zoo.ConfigError(
+            f"model.vocab_size={explicit} but the tokenizer has {sizes['vocab_size']} tokens; "
+            f"drop model.vocab_size (the data decides it) or set data.vocab_size={explicit}"
+        )
     return sizes
 
 
@@ -242,13 +269,18 @@ def check_same_model(model_cfg: zoo.ModelConfig, checkpoint: dict[str, Any], pat
     """A resumed run trains the model it checkpointed: the composed model must be that one."""
     theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"])).to_dict()
     mine = model_cfg.to_dict()
-    diff = [f"model.{k}={theirs[k]!r} there, {mine[k]!r} here" for k in mine
-            if mine[k] != theirs.get(k) and k not in HOW_IT_RUNS]
+    diff = [
+        f"model.{k}={theirs[k]!r} there, {mine[k]!r} here"
+        for k in mine
+        if mine[k] != theirs.get(k) and k not in HOW_IT_RUNS
+    ]
     if diff:
         run_dir = Path(path).resolve().parent.parent
-        raise zoo.ConfigError(f"ckpt_path={path} was trained with another model ({'; '.join(diff[:3])}"
-                              f"{'; …' if len(diff) > 3 else ''}); continue that run with its own config: "
-                              f"zoo-train resume={run_dir} (key=value overrides apply on top)")
+        raise zoo.ConfigError(
+            f"ckpt_path={path} was trained with another model ({'; '.join(diff[:3])}"
+            f"{'; …' if len(diff) > 3 else ''}); continue that run with its own config: "
+            f"zoo-train resume={run_dir} (key=value overrides apply on top)"
+        )
 
 
 def relaunch_as_this_job() -> None:
@@ -267,8 +299,14 @@ def relaunch_as_this_job() -> None:
     OmegaConf.set_readonly(hydra_cfg, True)
 
 
-def summarize(output_dir: Path, best: str, metrics: dict[str, float], model_cfg: zoo.ModelConfig, params: int,
-              best_score: tuple[str, float] | None) -> None:
+def summarize(
+    output_dir: Path,
+    best: str,
+    metrics: dict[str, float],
+    model_cfg: zoo.ModelConfig,
+    params: int,
+    best_score: tuple[str, float] | None,
+) -> None:
     """The closing table, then the run directory and the best checkpoint as plain lines: whole at any
     width (a table cell would cut them), to paste into the next command."""
     table = Table(title="zoo-train finished", show_header=False)

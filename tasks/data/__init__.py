@@ -12,5 +12,11 @@ DATA_MODULES: zoo.Registry[type[TextDataModule]] = zoo.Registry("data module")
 for _module in (LMDataModule, ClassificationDataModule, MLMDataModule, TranslationDataModule):
     DATA_MODULES.register(_module.__name__)(_module)
 
-__all__ = ["DATA_MODULES", "ClassificationDataModule", "LMDataModule", "MLMDataModule", "TextDataModule",
-           "TranslationDataModule"]
+__all__ = [
+    "DATA_MODULES",
+    "ClassificationDataModule",
+    "LMDataModule",
+    "MLMDataModule",
+    "TextDataModule",
+    "TranslationDataModule",
+]

@@ -51,19 +51,24 @@ def local_records(path: str | Path, **fields: str) -> list[dict[str, Any]]:
 def _data_files(path: Path, shown: str) -> list[Path]:
     """The non-empty data files at ``path`` (a file or a folder), all of one reader."""
     if not path.exists():
-        raise DataError(f"{shown}: no such file or folder; point it at your data (a file or a folder of "
-                        f"{DATA_TYPES} files)")
+        raise DataError(
+            f"{shown}: no such file or folder; point it at your data (a file or a folder of {DATA_TYPES} files)"
+        )
     if not path.is_file() and not path.is_dir():
         raise DataError(f"{shown}: not a regular file or folder; point it at your data")
     files = [path] if path.is_file() else _visible_files(path)
     unknown = [f for f in files if f.suffix.lower() not in READERS]
     if unknown and path.is_file():
-        raise DataError(f"{shown}: {path.suffix or 'a file without a suffix'} is not a data type zoo reads "
-                        f"({DATA_TYPES}); convert it to one of them")
+        raise DataError(
+            f"{shown}: {path.suffix or 'a file without a suffix'} is not a data type zoo reads "
+            f"({DATA_TYPES}); convert it to one of them"
+        )
     if unknown:
         what = "is not a data file" if len(unknown) == 1 else "are not data files"
-        raise DataError(f"{shown}: {_some(str(f.relative_to(path)) for f in unknown)} in the folder {what} "
-                        f"({DATA_TYPES}); move them out or point path at one file")
+        raise DataError(
+            f"{shown}: {_some(str(f.relative_to(path)) for f in unknown)} in the folder {what} "
+            f"({DATA_TYPES}); move them out or point path at one file"
+        )
     if not files:
         raise DataError(f"{shown}: the folder holds no data files ({DATA_TYPES}); point it at your data")
     files = [f for f in files if f.stat().st_size > 0]
@@ -75,8 +80,10 @@ def _data_files(path: Path, shown: str) -> list[Path]:
         kinds.setdefault(READERS[f.suffix.lower()], []).append(f.suffix.lower())
     if len(kinds) > 1:
         mix = ", ".join(f"{len(s)} {'/'.join(sorted(set(s)))}" for s in kinds.values())
-        raise DataError(f"{shown}: the folder mixes file types ({mix}); zoo reads one type per source: point "
-                        f"path at a folder (or a file) of one type")
+        raise DataError(
+            f"{shown}: the folder mixes file types ({mix}); zoo reads one type per source: point "
+            f"path at a folder (or a file) of one type"
+        )
     return files
 
 
@@ -84,8 +91,10 @@ def _visible_files(folder: Path) -> list[Path]:
     """Files under ``folder`` in sorted order, without hidden files and folders (.DS_Store, .git/)."""
 
     def refuse(error: OSError) -> None:
-        raise DataError(f"{error.filename}: cannot read this folder ({error.strerror}); fix its permissions or "
-                        f"point data.source_args.path elsewhere")
+        raise DataError(
+            f"{error.filename}: cannot read this folder ({error.strerror}); fix its permissions or "
+            f"point data.source_args.path elsewhere"
+        )
 
     files = []
     for root, dirs, names in os.walk(folder, onerror=refuse):
@@ -122,15 +131,19 @@ def _decode(file: Path, decoder: codecs.IncrementalDecoder, chunk: bytes, offset
     """``chunk`` (read at byte ``offset``) as UTF-8 text; a DataError at a NUL byte or a non-UTF-8 byte."""
     nul = chunk.find(b"\x00")
     if nul >= 0:
-        raise DataError(f"{file}: a NUL byte at byte {offset + nul}: a binary (or UTF-16) file, not UTF-8 text; "
-                        f"remove it or save it as UTF-8 text")
+        raise DataError(
+            f"{file}: a NUL byte at byte {offset + nul}: a binary (or UTF-16) file, not UTF-8 text; "
+            f"remove it or save it as UTF-8 text"
+        )
     pending = len(decoder.getstate()[0])  # bytes of a character begun in the previous chunk
     try:
         return decoder.decode(chunk, final)
     except UnicodeDecodeError as error:
         at = offset - pending + error.start
-        raise DataError(f"{file}: byte {at} (0x{error.object[error.start]:02x}) is not UTF-8 text; save the file "
-                        f"as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it") from None
+        raise DataError(
+            f"{file}: byte {at} (0x{error.object[error.start]:02x}) is not UTF-8 text; save the file "
+            f"as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it"
+        ) from None
 
 
 def _decoded(file: Path) -> Iterator[str]:
@@ -186,8 +199,10 @@ def _read_with_datasets(reader: str, files: list[Path]) -> Any:
         for file in files:
             _diagnose(reader, file, alone=len(files) > 1)
         where = files[0] if len(files) == 1 else f"the {reader} files of {files[0].parent}"
-        raise DataError(f"{where}: HF datasets cannot read {'it' if len(files) == 1 else 'them together'} "
-                        f"({_cause(error)}); fix the data or point data.source_args.path at other files") from error
+        raise DataError(
+            f"{where}: HF datasets cannot read {'it' if len(files) == 1 else 'them together'} "
+            f"({_cause(error)}); fix the data or point data.source_args.path at other files"
+        ) from error
 
 
 def _load_quietly(reader: str, files: list[Path]) -> Any:
@@ -219,8 +234,9 @@ def _diagnose(reader: str, file: Path, *, alone: bool) -> None:
         except Exception as error:
             if _disk_error(error):
                 raise
-            raise DataError(f"{file}: HF datasets cannot read it ({_cause(error)}); fix the file or move it "
-                            f"out") from error
+            raise DataError(
+                f"{file}: HF datasets cannot read it ({_cause(error)}); fix the file or move it out"
+            ) from error
 
 
 def _check_json(file: Path) -> None:
@@ -240,11 +256,15 @@ def _check_json(file: Path) -> None:
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataError(f"{file} line {number}: not valid JSON ({error.msg}); fix or remove the line "
-                                f"(JSON Lines: one object per line)") from None
+                raise DataError(
+                    f"{file} line {number}: not valid JSON ({error.msg}); fix or remove the line "
+                    f"(JSON Lines: one object per line)"
+                ) from None
             if not isinstance(value, dict):
-                raise DataError(f"{file} line {number}: a JSON {type(value).__name__}, not an object; write one "
-                                f'object per line, e.g. {{"text": "..."}}')
+                raise DataError(
+                    f"{file} line {number}: a JSON {type(value).__name__}, not an object; write one "
+                    f'object per line, e.g. {{"text": "..."}}'
+                )
 
 
 def _cause(error: BaseException) -> str:
@@ -266,13 +286,16 @@ def _disk_error(error: BaseException) -> bool:
     return False
 
 
-def _records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dict[str, str],
-             origin: str) -> list[dict[str, Any]]:
+def _records(
+    rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dict[str, str], origin: str
+) -> list[dict[str, Any]]:
     """Records {key, ...}: the rows with ``fields`` renamed (ours=theirs), or whole when none are given."""
     for ours, theirs in fields.items():
         if theirs not in columns:
-            raise DataError(f"data.source_args.{ours}={theirs}: no column {theirs!r} in {origin} (columns: "
-                            f"{', '.join(map(str, columns))}); set data.source_args.{ours}=<one of them>")
+            raise DataError(
+                f"data.source_args.{ours}={theirs}: no column {theirs!r} in {origin} (columns: "
+                f"{', '.join(map(str, columns))}); set data.source_args.{ours}=<one of them>"
+            )
     records = []
     for i, row in enumerate(rows):
         record = {ours: row[theirs] for ours, theirs in fields.items()} if fields else dict(row)
@@ -291,6 +314,8 @@ def hub_records(name: str, split: str = "train", subset: str | None = None, **fi
     except Exception as error:
         if _disk_error(error):
             raise
-        raise DataError(f"data.source_args.name={name}: the hub dataset cannot be loaded ({_cause(error)}); check "
-                        f"name, subset and split, and that this machine is online (or has it cached)") from error
+        raise DataError(
+            f"data.source_args.name={name}: the hub dataset cannot be loaded ({_cause(error)}); check "
+            f"name, subset and split, and that this machine is online (or has it cached)"
+        ) from error
     return _records(dataset, dataset.column_names, fields, f"hub dataset {name!r}")

@@ -97,8 +97,9 @@ class EpochBatchSampler(Sampler[list[int]]):
 class ShuffledBatchSampler(EpochBatchSampler):
     """Full batches of ``batch_size`` in a seeded random order; the last incomplete one is dropped."""
 
-    def __init__(self, n: int, batch_size: int, *, seed: int = 0, world: int = 1, rank: int = 0,
-                 repeat: bool = False) -> None:
+    def __init__(
+        self, n: int, batch_size: int, *, seed: int = 0, world: int = 1, rank: int = 0, repeat: bool = False
+    ) -> None:
         super().__init__(seed=seed, world=world, rank=rank, repeat=repeat)
         self.n, self.batch_size = n, batch_size
 
@@ -118,8 +119,18 @@ class BucketBatchSampler(EpochBatchSampler):
     (seeded) order, then batches its share; training first drops the remainder so that every
     process runs the same number of steps."""
 
-    def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool, seed: int = 0,
-                 window: int = 50, world: int = 1, rank: int = 0, repeat: bool = False) -> None:
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        window: int = 50,
+        world: int = 1,
+        rank: int = 0,
+        repeat: bool = False,
+    ) -> None:
         super().__init__(seed=seed, world=world, rank=rank, repeat=repeat)
         self.lengths, self.batch_size, self.shuffle, self.window = lengths, batch_size, shuffle, window
 
@@ -153,11 +164,23 @@ class ResumableLoader(DataLoader):
     An epoch starts at its first batch, after Lightning's ``set_epoch``.
     """
 
-    def __init__(self, dataset: Dataset, batch_sampler: EpochBatchSampler, *,
-                 collate_fn: Callable[[list[Any]], Any], num_workers: int = 0, seed: int = 0,
-                 draw: Callable[[Any, torch.Generator], Any] | None = None) -> None:
-        super().__init__(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, num_workers=num_workers,
-                         generator=torch.Generator())
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_sampler: EpochBatchSampler,
+        *,
+        collate_fn: Callable[[list[Any]], Any],
+        num_workers: int = 0,
+        seed: int = 0,
+        draw: Callable[[Any, torch.Generator], Any] | None = None,
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_sampler=batch_sampler,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            generator=torch.Generator(),
+        )
         self.seed, self.draw = seed, draw
         self.epoch, self.batches = batch_sampler.epoch, 0  # the epoch being read; its batches handed out
 

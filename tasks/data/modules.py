@@ -50,10 +50,22 @@ class TextDataModule(L.LightningDataModule):
     fields: ClassVar[tuple[str, ...]] = ("text",)  # what every record must have (see texts, build_dataset)
     needs: ClassVar[tuple[str, ...]] = ()  # special tokens the task needs besides pad (see use_tokenizer)
 
-    def __init__(self, *, source: str, source_args: dict[str, Any] | None = None, tokenizer_path: str | None = None,
-                 tokenizer_kind: str | None = None, vocab_size: int = 4096, seq_len: int = 128, batch_size: int = 32,
-                 val_fraction: float = 0.05, test_fraction: float = 0.05, max_records: int | None = None,
-                 num_workers: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        source: str,
+        source_args: dict[str, Any] | None = None,
+        tokenizer_path: str | None = None,
+        tokenizer_kind: str | None = None,
+        vocab_size: int = 4096,
+        seq_len: int = 128,
+        batch_size: int = 32,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        max_records: int | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.source, self.source_args = source, dict(source_args or {})
         self.tokenizer_path = tokenizer_path
@@ -100,15 +112,19 @@ class TextDataModule(L.LightningDataModule):
         for name in ("val", "test"):  # a record a source repeats weights training; a score counts it once
             splits[name] = list({str(r["key"]): r for r in splits[name]}.values())
         if not splits["train"] or not splits["val"]:
-            raise DataError(f"data.source={self.source}: {len(records)} records (data.max_records="
-                            f"{self.max_records}) leave the train or the validation split empty (data.val_fraction="
-                            f"{self.val_fraction}); add data or raise data.val_fraction")
+            raise DataError(
+                f"data.source={self.source}: {len(records)} records (data.max_records="
+                f"{self.max_records}) leave the train or the validation split empty (data.val_fraction="
+                f"{self.val_fraction}); add data or raise data.val_fraction"
+            )
         if self.tokenizer is None:  # a tokenizer set before setup (from a checkpoint, by use_tokenizer) is kept
             texts = (t for r in splits["train"] for t in self.texts(r))
             self.tokenizer = load_or_train(self.tokenizer_path, texts, self.kind, self.vocab_size)
         elif self.specials == Specials.zoo() and (wrong := misplaced_specials(self.tokenizer)):
-            raise DataError(f"the tokenizer set before setup does not have zoo's special tokens at ids 0..4 (found "
-                            f"{', '.join(wrong)}); hand it in with use_tokenizer(tokenizer, specials) instead")
+            raise DataError(
+                f"the tokenizer set before setup does not have zoo's special tokens at ids 0..4 (found "
+                f"{', '.join(wrong)}); hand it in with use_tokenizer(tokenizer, specials) instead"
+            )
         self.tokenizer = self.prepare_tokenizer(self.tokenizer)
         self.added = added_around(self.tokenizer)
         self.datasets = {name: self.build_dataset(rs, name) for name, rs in splits.items() if rs}
@@ -125,9 +141,11 @@ class TextDataModule(L.LightningDataModule):
         for role in ("pad", *self.needs):
             if getattr(specials, role) is None:
                 also = " nor an eos token to pad with" if role == "pad" else ""
-                raise DataError(f"{specials.origin}: the tokenizer has no {role} token{also}, which "
-                                f"{type(self).__name__} needs; name one as {role}_token in the folder's "
-                                f"tokenizer_config.json, or use a model whose tokenizer has one")
+                raise DataError(
+                    f"{specials.origin}: the tokenizer has no {role} token{also}, which "
+                    f"{type(self).__name__} needs; name one as {role}_token in the folder's "
+                    f"tokenizer_config.json, or use a model whose tokenizer has one"
+                )
         self.tokenizer, self.specials = tokenizer, specials
 
     def specials_record(self) -> dict[str, Any] | None:
@@ -142,8 +160,11 @@ class TextDataModule(L.LightningDataModule):
         """ModelConfig fields the data decides. The vocabulary is the tokenizer's; a Hugging Face
         model's embedding may have more rows than that."""
         assert self.tokenizer is not None, "call setup() first"
-        return {"vocab_size": self.tokenizer.get_vocab_size(), "pad_token_id": self.specials.pad,
-                "eos_token_id": self.specials.eos}
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "pad_token_id": self.specials.pad,
+            "eos_token_id": self.specials.eos,
+        }
 
     def tokenizer_json(self) -> str:
         assert self.tokenizer is not None, "call setup() first"
@@ -164,13 +185,21 @@ class TextDataModule(L.LightningDataModule):
         world, rank = world_rank()
         repeat = bool(self.trainer and self.trainer.overfit_batches)
         if lengths is None:
-            batches: EpochBatchSampler = ShuffledBatchSampler(len(dataset), self.batch_size, seed=self.seed,
-                                                              world=world, rank=rank, repeat=repeat)
+            batches: EpochBatchSampler = ShuffledBatchSampler(
+                len(dataset), self.batch_size, seed=self.seed, world=world, rank=rank, repeat=repeat
+            )
         else:
-            batches = BucketBatchSampler(lengths, self.batch_size, shuffle=True, seed=self.seed, world=world,
-                                         rank=rank, repeat=repeat)
-        return ResumableLoader(dataset, batches, collate_fn=self.collate_for("train"), num_workers=self.num_workers,
-                               seed=self.seed, draw=self.draw)
+            batches = BucketBatchSampler(
+                lengths, self.batch_size, shuffle=True, seed=self.seed, world=world, rank=rank, repeat=repeat
+            )
+        return ResumableLoader(
+            dataset,
+            batches,
+            collate_fn=self.collate_for("train"),
+            num_workers=self.num_workers,
+            seed=self.seed,
+            draw=self.draw,
+        )
 
     def _eval_loader(self, split: str) -> DataLoader:
         """In order; in a distributed run each process evaluates its share. Its own generator: a
@@ -181,11 +210,22 @@ class TextDataModule(L.LightningDataModule):
         world, rank = world_rank()
         if lengths is None:
             sampler = DistributedSampler(dataset, world, rank, shuffle=False) if world > 1 else None
-            return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-                              collate_fn=self.collate_for(split), generator=torch.Generator().manual_seed(self.seed))
+            return DataLoader(
+                dataset,
+                batch_size=self.batch_size,
+                sampler=sampler,
+                num_workers=self.num_workers,
+                collate_fn=self.collate_for(split),
+                generator=torch.Generator().manual_seed(self.seed),
+            )
         batches = BucketBatchSampler(lengths, self.batch_size, shuffle=False, seed=self.seed, world=world, rank=rank)
-        return DataLoader(dataset, batch_sampler=batches, num_workers=self.num_workers,
-                          collate_fn=self.collate_for(split), generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            dataset,
+            batch_sampler=batches,
+            num_workers=self.num_workers,
+            collate_fn=self.collate_for(split),
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
@@ -264,9 +304,11 @@ class LMDataModule(TextDataModule):
         block = self.seq_len + 1
         n = len(ids) // block
         if n == 0:
-            raise DataError(f"data.seq_len={self.seq_len}: the {split} split has {len(ids)} tokens, fewer than one "
-                            f"block of {block}; lower data.seq_len, add data, or raise data.val_fraction / "
-                            f"data.test_fraction")
+            raise DataError(
+                f"data.seq_len={self.seq_len}: the {split} split has {len(ids)} tokens, fewer than one "
+                f"block of {block}; lower data.seq_len, add data, or raise data.val_fraction / "
+                f"data.test_fraction"
+            )
         return ListDataset(torch.tensor(ids[: n * block]).view(n, block))
 
     def collate(self, batch: list[Tensor]) -> dict[str, Tensor]:
@@ -298,8 +340,11 @@ class ClassificationDataModule(TextDataModule):
 
     def collate(self, batch: list[tuple[list[int], int]]) -> dict[str, Tensor]:
         seqs = [ids for ids, _ in batch]
-        return {"input_ids": pad_batch(seqs, self.specials.pad), "attention_mask": length_mask(seqs),
-                "labels": torch.tensor([label for _, label in batch])}
+        return {
+            "input_ids": pad_batch(seqs, self.specials.pad),
+            "attention_mask": length_mask(seqs),
+            "labels": torch.tensor([label for _, label in batch]),
+        }
 
     def task_info(self) -> dict[str, Any]:
         return {"label_names": list(self.label_names)}
@@ -372,16 +417,26 @@ class TranslationDataModule(TextDataModule):
         return [record["source"], record["target"]]
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
-        items = [(self.encode_with_eos(r["source"], self.seq_len), self.encode_with_eos(r["target"], self.seq_len),
-                  r["target"]) for r in records]
+        items = [
+            (
+                self.encode_with_eos(r["source"], self.seq_len),
+                self.encode_with_eos(r["target"], self.seq_len),
+                r["target"],
+            )
+            for r in records
+        ]
         return ListDataset(items, [len(s) + len(t) for s, t, _ in items])
 
     def collate(self, batch: list[tuple[list[int], list[int], str]]) -> dict[str, Any]:
         sources, targets = [s for s, _, _ in batch], [t for _, t, _ in batch]
         start, pad = self.specials.decoder_start, self.specials.pad
-        return {"input_ids": pad_batch(sources, pad), "attention_mask": length_mask(sources),
-                "decoder_input_ids": pad_batch([[start] + t[:-1] for t in targets], pad),
-                "labels": pad_batch(targets, IGNORE), "references": [ref for _, _, ref in batch]}
+        return {
+            "input_ids": pad_batch(sources, pad),
+            "attention_mask": length_mask(sources),
+            "decoder_input_ids": pad_batch([[start] + t[:-1] for t in targets], pad),
+            "labels": pad_batch(targets, IGNORE),
+            "references": [ref for _, _, ref in batch],
+        }
 
     def model_sizes(self) -> dict[str, int | None]:
         return {**super().model_sizes(), "decoder_start_token_id": self.specials.decoder_start}

@@ -69,8 +69,7 @@ def stdlib_code(max_files: int | None = None) -> list[dict[str, str]]:
     files = stdlib_files()
     if max_files is not None:
         files = sorted(files, key=lambda p: hashlib.md5(str(p.relative_to(root)).encode()).hexdigest())[:max_files]
-    return [{"key": str(p.relative_to(root)), "text": p.read_text(encoding="utf-8", errors="replace")}
-            for p in files]
+    return [{"key": str(p.relative_to(root)), "text": p.read_text(encoding="utf-8", errors="replace")} for p in files]
 
 
 @SOURCES.register("stdlib_docstrings")
@@ -89,14 +88,21 @@ def stdlib_docstrings(packages: Iterable[str] = DOCSTRING_PACKAGES, min_chars: i
                 doc = ast.get_docstring(node)
                 if doc and len(doc) >= min_chars:
                     name = getattr(node, "name", "<module>")
-                    records.append({"key": f"{rel}:{name}:{getattr(node, 'lineno', 0)}", "group": str(rel),
-                                    "text": doc, "label": rel.parts[0]})
+                    records.append(
+                        {
+                            "key": f"{rel}:{name}:{getattr(node, 'lineno', 0)}",
+                            "group": str(rel),
+                            "text": doc,
+                            "label": rel.parts[0],
+                        }
+                    )
     return records
 
 
 @SOURCES.register("numbers")
-def number_pairs(n: int = 20000, *, target_lang: str = "de", max_number: int = 100_000,
-                 seed: int = 0) -> list[dict[str, str]]:
+def number_pairs(
+    n: int = 20000, *, target_lang: str = "de", max_number: int = 100_000, seed: int = 0
+) -> list[dict[str, str]]:
     """Records {key, source, target}: English number words -> ``target_lang`` number words.
 
     Half the ``n`` numbers are drawn uniformly below ``max_number``, half with each digit count
@@ -120,8 +126,9 @@ def number_pairs(n: int = 20000, *, target_lang: str = "de", max_number: int = 1
 
 
 @SOURCES.register("gettext")
-def gettext_pairs(target_lang: str = "de", locale_dir: str | Path = "/usr/share/locale",
-                  max_chars: int = 200) -> list[dict[str, str]]:
+def gettext_pairs(
+    target_lang: str = "de", locale_dir: str | Path = "/usr/share/locale", max_chars: int = 200
+) -> list[dict[str, str]]:
     """Records {key, source, target} from the compiled gettext catalogs (.mo) of one language."""
     pairs: dict[str, str] = {}
     for mo in sorted(Path(locale_dir).glob(f"{target_lang}/LC_MESSAGES/*.mo")):
@@ -132,12 +139,22 @@ def gettext_pairs(target_lang: str = "de", locale_dir: str | Path = "/usr/share/
             print(f"skipping {mo}: {error}")
             continue
         for source, target in catalog.items():
-            if isinstance(source, str) and isinstance(target, str) and source and target and "\x00" not in source \
-                    and len(source) <= max_chars and len(target) <= max_chars and source != target:
+            if (
+                isinstance(source, str)
+                and isinstance(target, str)
+                and source
+                and target
+                and "\x00" not in source
+                and len(source) <= max_chars
+                and len(target) <= max_chars
+                and source != target
+            ):
                 pairs.setdefault(source.strip(), target.strip())
     if not pairs:
-        raise DataError(f"data.source_args.locale_dir={locale_dir}: no gettext catalogs for {target_lang!r} "
-                        f"({target_lang}/LC_MESSAGES/*.mo); install that language's translations or use data=numbers")
+        raise DataError(
+            f"data.source_args.locale_dir={locale_dir}: no gettext catalogs for {target_lang!r} "
+            f"({target_lang}/LC_MESSAGES/*.mo); install that language's translations or use data=numbers"
+        )
     return [{"key": s, "source": s, "target": t} for s, t in sorted(pairs.items())]
 
 
@@ -150,8 +167,10 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     fields the data module reads from every record; a source without them is a DataError that says
     which override maps them."""
     if source not in SOURCES:
-        raise DataError(f"data.source={source}: not a data source; choose one of {', '.join(SOURCES.names())}"
-                        f"{_closest(source, SOURCES)}")
+        raise DataError(
+            f"data.source={source}: not a data source; choose one of {', '.join(SOURCES.names())}"
+            f"{_closest(source, SOURCES)}"
+        )
     function = SOURCES.get(source)
     _check_arguments(source, function, kwargs)
     records = function(**kwargs)
@@ -159,8 +178,12 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     return records
 
 
-def check_texts(records: list[dict[str, Any]], texts: Callable[[dict[str, Any]], list[str]], source: str,
-                source_args: dict[str, Any]) -> None:
+def check_texts(
+    records: list[dict[str, Any]],
+    texts: Callable[[dict[str, Any]], list[str]],
+    source: str,
+    source_args: dict[str, Any],
+) -> None:
     """A DataError at the first record whose texts (``texts(record)``: what the tokenizer reads) are not
     all strings: a number, a list or an object in a JSON Lines file."""
     for i, record in enumerate(records):
@@ -169,9 +192,11 @@ def check_texts(records: list[dict[str, Any]], texts: Callable[[dict[str, Any]],
             continue
         field = next(k for k, v in record.items() if v is bad)
         where = f"data.source_args.path={source_args['path']}" if "path" in source_args else f"data.source={source}"
-        raise DataError(f"{where}: record {i} (key {str(record.get('key'))[:80]!r}) has {field!r} = {str(bad)[:40]} "
-                        f"(of type {type(bad).__name__}), not text; make every {field!r} a string (in JSON: \"...\") "
-                        f"or remove the record")
+        raise DataError(
+            f"{where}: record {i} (key {str(record.get('key'))[:80]!r}) has {field!r} = {str(bad)[:40]} "
+            f'(of type {type(bad).__name__}), not text; make every {field!r} a string (in JSON: "...") '
+            f"or remove the record"
+        )
 
 
 def _takes_any(function: Callable[..., Any]) -> bool:
@@ -185,12 +210,15 @@ def _check_arguments(source: str, function: Callable[..., Any], kwargs: dict[str
     if not _takes_any(function):
         for key, value in kwargs.items():
             if key not in named:
-                raise DataError(f"data.source_args.{key}={value}: data source {source!r} takes no argument {key!r}; "
-                                f"it takes {', '.join(named) or 'none'}{_closest(key, named)}")
+                raise DataError(
+                    f"data.source_args.{key}={value}: data source {source!r} takes no argument {key!r}; "
+                    f"it takes {', '.join(named) or 'none'}{_closest(key, named)}"
+                )
     for name in named:
         if params[name].default is inspect.Parameter.empty and name not in kwargs:
-            raise DataError(f"data.source_args.{name} is missing: data source {source!r} needs it; set "
-                            f"data.source_args.{name}=...")
+            raise DataError(
+                f"data.source_args.{name} is missing: data source {source!r} needs it; set data.source_args.{name}=..."
+            )
 
 
 def _check_fields(records: list[dict[str, Any]], needs: Sequence[str], source: str, *, renames: bool) -> None:
@@ -201,13 +229,20 @@ def _check_fields(records: list[dict[str, Any]], needs: Sequence[str], source: s
         if len(lacking) == len(records):
             found = sorted({str(k) for record in records[:1000] for k in record} - {"key"})
             where = f"data.source_args.{field}" if renames else f"data.source={source}"
-            fix = (f"map a column to it with data.source_args.{field}=<column>" if renames else
-                   f"choose a data source whose records have {field!r}")
-            raise DataError(f"{where}: the records of data source {source!r} have no field {field!r} (they have: "
-                            f"{', '.join(found)}); {fix}")
+            fix = (
+                f"map a column to it with data.source_args.{field}=<column>"
+                if renames
+                else f"choose a data source whose records have {field!r}"
+            )
+            raise DataError(
+                f"{where}: the records of data source {source!r} have no field {field!r} (they have: "
+                f"{', '.join(found)}); {fix}"
+            )
         first = records[lacking[0]]
-        raise DataError(f"data.source={source}: {len(lacking)} of {len(records)} records have no {field!r} (the "
-                        f"first: record {lacking[0]}, key {str(first.get('key'))[:80]!r}); fill or remove them")
+        raise DataError(
+            f"data.source={source}: {len(lacking)} of {len(records)} records have no {field!r} (the "
+            f"first: record {lacking[0]}, key {str(first.get('key'))[:80]!r}); fill or remove them"
+        )
 
 
 def _closest(name: str, names: Iterable[str]) -> str:

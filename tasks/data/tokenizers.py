@@ -77,8 +77,12 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> Tokeniz
         tok = Tokenizer(models.BPE(unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIALS,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
     elif kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token=SPECIALS[UNK]))
         tok.normalizer = normalizers.BertNormalizer(lowercase=False)
@@ -90,8 +94,9 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> Tokeniz
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, unk_token=SPECIALS[UNK],
-                                          show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIALS, unk_token=SPECIALS[UNK], show_progress=False
+        )
     else:
         raise DataError(f"data.tokenizer_kind={kind}: not a tokenizer kind; choose one of {', '.join(KINDS)}")
     tok.train_from_iterator(_batches(texts), trainer=trainer)
@@ -105,7 +110,8 @@ def with_cls_sep(tok: Tokenizer, cls: int = BOS, sep: int = EOS) -> Tokenizer:
     zoo's tokenizers use <s> and </s>."""
     c, s = tok.id_to_token(cls), tok.id_to_token(sep)
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{c} $A {s}", pair=f"{c} $A {s} $B:1 {s}:1", special_tokens=[(c, cls), (s, sep)])
+        single=f"{c} $A {s}", pair=f"{c} $A {s} $B:1 {s}:1", special_tokens=[(c, cls), (s, sep)]
+    )
     return tok
 
 
@@ -116,7 +122,7 @@ def added_around(tok: Tokenizer) -> tuple[list[int], list[int]]:
     flags = encoding.special_tokens_mask
     before = next((i for i, flag in enumerate(flags) if not flag), len(flags))
     after = next((i for i, flag in enumerate(reversed(flags)) if not flag), 0)
-    return encoding.ids[:before], encoding.ids[len(flags) - after:]
+    return encoding.ids[:before], encoding.ids[len(flags) - after :]
 
 
 def misplaced_specials(tok: Tokenizer) -> list[str]:
@@ -130,9 +136,11 @@ def load_or_train(path: str | Path | None, texts: Iterable[str], kind: str, voca
         return train_tokenizer(texts, kind, vocab_size)
     tok = read_tokenizer(path)
     if wrong := misplaced_specials(tok):
-        raise DataError(f"data.tokenizer_path={path}: zoo's tasks need the special tokens {SPECIALS} at ids 0..4; "
-                        f"found {', '.join(wrong)}; use a tokenizer.json that zoo-train wrote, or "
-                        f"data.tokenizer_path=null to train one")
+        raise DataError(
+            f"data.tokenizer_path={path}: zoo's tasks need the special tokens {SPECIALS} at ids 0..4; "
+            f"found {', '.join(wrong)}; use a tokenizer.json that zoo-train wrote, or "
+            f"data.tokenizer_path=null to train one"
+        )
     return tok
 
 
@@ -148,8 +156,10 @@ def read_tokenizer(path: str | Path, field: str = "data.tokenizer_path") -> Toke
     return _parse(Path(path), f"{field}={path}", fix)
 
 
-HF_FIX = ("a Hugging Face model folder needs its fast tokenizer's tokenizer.json, which "
-          "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes")
+HF_FIX = (
+    "a Hugging Face model folder needs its fast tokenizer's tokenizer.json, which "
+    "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes"
+)
 
 
 def read_hf_tokenizer(folder: str | Path, field: str = "init_from") -> tuple[Tokenizer, Specials]:
@@ -165,23 +175,28 @@ def read_hf_tokenizer(folder: str | Path, field: str = "init_from") -> tuple[Tok
     folder = Path(folder)
     where = f"{field}={folder}"
     if not folder.is_dir():
-        raise DataError(f"{where}: no such folder; point it at a Hugging Face model folder (save_pretrained "
-                        f"writes one)")
+        raise DataError(
+            f"{where}: no such folder; point it at a Hugging Face model folder (save_pretrained writes one)"
+        )
     if not (folder / "tokenizer.json").is_file():
         raise DataError(f"{where}: no tokenizer.json in the folder; {HF_FIX}")
     tok = _parse(folder / "tokenizer.json", f"{field}={folder / 'tokenizer.json'}", HF_FIX)
     tok.no_padding()
     tok.no_truncation()
     ids, others = _model_ids(_read_json(folder / "config.json", where), where)
-    names = {**_token_names(folder / "tokenizer_config.json", where),
-             **_token_names(folder / "special_tokens_map.json", where)}
+    names = {
+        **_token_names(folder / "tokenizer_config.json", where),
+        **_token_names(folder / "special_tokens_map.json", where),
+    }
     for role, token in names.items():
         if role in ids:  # config.json's id wins
             continue
         ids[role] = token_id = tok.token_to_id(token)
         if token_id is None:
-            raise DataError(f"{where}: the tokenizer files name {role}_token={token!r}, which tokenizer.json does "
-                            f"not have; correct or remove that entry")
+            raise DataError(
+                f"{where}: the tokenizer files name {role}_token={token!r}, which tokenizer.json does "
+                f"not have; correct or remove that entry"
+            )
     ids.setdefault("decoder_start", ids.get("pad"))  # T5's convention, which zoo's encoder-decoders follow
     others |= {i for i, token in tok.get_added_tokens_decoder().items() if token.special}
     return tok, Specials(**ids, others=frozenset(others), origin=where, chat_template=_chat_template(folder, where))
@@ -195,8 +210,9 @@ def _chat_template(folder: Path, where: str) -> str | None:
         try:
             return jinja.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
-            raise DataError(f"{where}: chat_template.jinja is not readable text ({error}); repair or remove it") \
-                from error
+            raise DataError(
+                f"{where}: chat_template.jinja is not readable text ({error}); repair or remove it"
+            ) from error
     entry = _read_json(folder / "tokenizer_config.json", where).get("chat_template")
     if isinstance(entry, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         entry = next((t.get("template") for t in entry if isinstance(t, dict) and t.get("name") == "default"), None)
@@ -216,8 +232,7 @@ def _model_ids(config: dict[str, Any], where: str) -> tuple[dict[str, int | None
         values = values if isinstance(values, list) else [] if values is None else [values]
         for value in values:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise DataError(f"{where}: config.json has {key}={config[key]!r}, not a token id; correct or "
-                                f"remove it")
+                raise DataError(f"{where}: config.json has {key}={config[key]!r}, not a token id; correct or remove it")
             others.add(value)
         if values:
             ids[role] = values[0]

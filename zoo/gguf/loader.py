@@ -81,8 +81,10 @@ def read_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, to
 def _architecture(f: GGUFFile) -> Arch:
     name = f.get("general.architecture", "str")
     if name not in ARCHS:
-        raise CheckpointError(f"{f.path}: general.architecture={name!r} is not an architecture zoo reads; supported: "
-                              f"{', '.join(ARCHS.names())}")
+        raise CheckpointError(
+            f"{f.path}: general.architecture={name!r} is not an architecture zoo reads; supported: "
+            f"{', '.join(ARCHS.names())}"
+        )
     return ARCHS.get(name)
 
 
@@ -96,13 +98,16 @@ def _hf_values(f: GGUFFile, arch: Arch) -> dict[str, Any]:
     values.update({attr: tensor in f.tensors for attr, tensor in arch.biases.items()})
     embedding = f.tensors.get("token_embd.weight")
     if embedding is None or len(embedding.shape) != 2:
-        raise CheckpointError(f"{f.path}: no 2-D tensor token_embd.weight (the token embeddings); the file is "
-                              "incomplete")
+        raise CheckpointError(
+            f"{f.path}: no 2-D tensor token_embd.weight (the token embeddings); the file is incomplete"
+        )
     values["vocab_size"] = embedding.shape[0]
     declared = f.get(f"{arch.name}.vocab_size", "int", None)
     if declared is not None and declared != embedding.shape[0]:
-        raise CheckpointError(f"{f.path}: {arch.name}.vocab_size={declared} but token_embd.weight has "
-                              f"{embedding.shape[0]} rows; the file is corrupt")
+        raise CheckpointError(
+            f"{f.path}: {arch.name}.vocab_size={declared} but token_embd.weight has "
+            f"{embedding.shape[0]} rows; the file is corrupt"
+        )
     values["tie_word_embeddings"] = "output.weight" not in f.tensors
     for role in ("bos", "eos"):
         values[f"{role}_token_id"] = f.get(f"tokenizer.ggml.{role}_token_id", "int", None)
@@ -119,8 +124,10 @@ def _rope(f: GGUFFile, arch: Arch, values: dict[str, Any]) -> dict[str, Any]:
     for key in (f"{a}.rope.dimension_count", f"{a}.attention.value_length"):
         value = f.get(key, "int", head_dim)
         if value != head_dim:
-            raise CheckpointError(f"{f.path}: {key}={value} differs from the head size {head_dim}; zoo rotates and "
-                                  "projects whole heads (partial rotary embeddings are not supported)")
+            raise CheckpointError(
+                f"{f.path}: {key}={value} differs from the head size {head_dim}; zoo rotates and "
+                "projects whole heads (partial rotary embeddings are not supported)"
+            )
     params = {"rope_type": "default", "rope_theta": values.get("rope_theta", 10000.0)}
     kind = f.get(f"{a}.rope.scaling.type", "str", "none")
     factor = f.get(f"{a}.rope.scaling.factor", "float", f.get(f"{a}.rope.scale_linear", "float", 1.0))
@@ -129,8 +136,9 @@ def _rope(f: GGUFFile, arch: Arch, values: dict[str, Any]) -> dict[str, Any]:
     if kind == "linear":
         return {**params, "rope_type": "linear", "factor": factor}
     if kind != "none":
-        raise CheckpointError(f"{f.path}: {a}.rope.scaling.type={kind!r} is a RoPE scaling zoo does not compute "
-                              "(it has none and linear)")
+        raise CheckpointError(
+            f"{f.path}: {a}.rope.scaling.type={kind!r} is a RoPE scaling zoo does not compute (it has none and linear)"
+        )
     return params
 
 
@@ -162,20 +170,28 @@ def _expected(f: GGUFFile, arch: Arch, cfg: ModelConfig) -> dict[str, tuple[str,
     missing = [name for name in expected if name not in f.tensors]
     extra = [name for name in f.tensors if name not in expected]
     if missing or extra:
-        what = (f"lacks {', '.join(missing[:4])}" if missing else "") + (" and " if missing and extra else "") + (
-            f"has tensors zoo cannot place: {', '.join(extra[:4])}" if extra else "")
-        raise CheckpointError(f"{f.path}: the file {what}{'…' if len(missing) > 4 or len(extra) > 4 else ''}; its "
-                              f"{arch.name} metadata describes another model, or a feature zoo lacks")
+        what = (
+            (f"lacks {', '.join(missing[:4])}" if missing else "")
+            + (" and " if missing and extra else "")
+            + (f"has tensors zoo cannot place: {', '.join(extra[:4])}" if extra else "")
+        )
+        raise CheckpointError(
+            f"{f.path}: the file {what}{'…' if len(missing) > 4 or len(extra) > 4 else ''}; its "
+            f"{arch.name} metadata describes another model, or a feature zoo lacks"
+        )
     for name, (_, _, shape) in expected.items():
         found = torch.Size(f.tensors[name].shape)
         if found != shape:
-            raise CheckpointError(f"{f.path}: tensor {name} has shape {tuple(found)} but the metadata gives "
-                                  f"{tuple(shape)}; the file is corrupt or its metadata wrong")
+            raise CheckpointError(
+                f"{f.path}: tensor {name} has shape {tuple(found)} but the metadata gives "
+                f"{tuple(shape)}; the file is corrupt or its metadata wrong"
+            )
     return expected
 
 
-def _model(f: GGUFFile, arch: Arch, cfg: ModelConfig, expected: dict[str, tuple[str, Slot, torch.Size]],
-           dtype: torch.dtype) -> tuple[ZooModel, ModelConfig]:
+def _model(
+    f: GGUFFile, arch: Arch, cfg: ModelConfig, expected: dict[str, tuple[str, Slot, torch.Size]], dtype: torch.dtype
+) -> tuple[ZooModel, ModelConfig]:
     """The zoo model from the file's tensors (a head equal to the embedding is tied)."""
     tensors: dict[str, Tensor] = {}
     for name, (hf, slot, _) in expected.items():
@@ -211,9 +227,12 @@ def _read_tokenizer(f: GGUFFile, contents: GGUFContents) -> None:
     if vocab is None:
         return
     if len(vocab.tokens) != contents.config.vocab_size:
-        raise CheckpointError(f"{f.path}: tokenizer.ggml.tokens has {len(vocab.tokens)} tokens for "
-                              f"{contents.config.vocab_size} embedding rows; the file is corrupt")
+        raise CheckpointError(
+            f"{f.path}: tokenizer.ggml.tokens has {len(vocab.tokens)} tokens for "
+            f"{contents.config.vocab_size} embedding rows; the file is corrupt"
+        )
     contents.add_bos = f.get("tokenizer.ggml.add_bos_token", "bool", vocab.model == "llama")
     contents.add_eos = f.get("tokenizer.ggml.add_eos_token", "bool", False)
-    contents.tokenizer = build_tokenizer(vocab, contents.specials, add_bos=contents.add_bos,
-                                         add_eos=contents.add_eos, where=str(f.path))
+    contents.tokenizer = build_tokenizer(
+        vocab, contents.specials, add_bos=contents.add_bos, add_eos=contents.add_eos, where=str(f.path)
+    )

@@ -127,8 +127,9 @@ def _common(cfg: ModelConfig, name: str) -> list[str]:
 def _llama_unfit(cfg: ModelConfig) -> list[str]:
     problems = _common(cfg, "llama")
     if cfg.bias or cfg.qkv_bias:
-        problems.append(f"bias={cfg.bias}, qkv_bias={cfg.qkv_bias} (llama.cpp's llama has no biases; q/k/v biases "
-                        "alone are qwen2)")
+        problems.append(
+            f"bias={cfg.bias}, qkv_bias={cfg.qkv_bias} (llama.cpp's llama has no biases; q/k/v biases alone are qwen2)"
+        )
     return problems
 
 
@@ -147,7 +148,8 @@ def _gpt2_unfit(cfg: ModelConfig) -> list[str]:
 
 # ---- the records ----------------------------------------------------------------------------------------
 _ROPE_KEYS = (
-    Key("hidden_size", "embedding_length"), Key("num_hidden_layers", "block_count"),
+    Key("hidden_size", "embedding_length"),
+    Key("num_hidden_layers", "block_count"),
     Key("num_attention_heads", "attention.head_count"),
     Key("num_key_value_heads", "attention.head_count_kv", required=False),
     Key("intermediate_size", "feed_forward_length"),
@@ -171,12 +173,16 @@ _ROPE_SLOTS = (
     Slot("output", "lm_head"),
 )
 _GPT2_KEYS = (
-    Key("n_embd", "embedding_length"), Key("n_layer", "block_count"), Key("n_head", "attention.head_count"),
-    Key("n_inner", "feed_forward_length"), Key("n_positions", "context_length"),
+    Key("n_embd", "embedding_length"),
+    Key("n_layer", "block_count"),
+    Key("n_head", "attention.head_count"),
+    Key("n_inner", "feed_forward_length"),
+    Key("n_positions", "context_length"),
     Key("layer_norm_epsilon", "attention.layer_norm_epsilon", "float"),
 )
 _GPT2_SLOTS = (
-    Slot("token_embd", "transformer.wte"), Slot("position_embd", "transformer.wpe"),
+    Slot("token_embd", "transformer.wte"),
+    Slot("position_embd", "transformer.wpe"),
     Slot("blk.{i}.attn_norm", "transformer.h.{i}.ln_1"),
     Slot("blk.{i}.attn_qkv", "transformer.h.{i}.attn.c_attn", CONV1D),
     Slot("blk.{i}.attn_output", "transformer.h.{i}.attn.c_proj", CONV1D),
@@ -187,13 +193,43 @@ _GPT2_SLOTS = (
     Slot("output", "lm_head"),
 )
 
-ARCHS.register("llama")(Arch(
-    "llama", "llama", _ROPE_KEYS, _ROPE_SLOTS, fixed={"hidden_act": "silu"}, interleaved=True,
-    biases={"attention_bias": "blk.0.attn_output.bias", "mlp_bias": "blk.0.ffn_down.bias"}, unfit=_llama_unfit))
-ARCHS.register("qwen2")(Arch(
-    "qwen2", "qwen2", _ROPE_KEYS, _ROPE_SLOTS, fixed={"hidden_act": "silu", "use_sliding_window": False},
-    unfit=_qwen2_unfit))
-ARCHS.register("gpt2")(Arch(
-    "gpt2", "gpt2", _GPT2_KEYS, _GPT2_SLOTS, rope=False, output_copy=True, unfit=_gpt2_unfit,
-    fixed={"activation_function": "gelu_new", "scale_attn_weights": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-           "attn_pdrop": 0.0}))
+ARCHS.register("llama")(
+    Arch(
+        "llama",
+        "llama",
+        _ROPE_KEYS,
+        _ROPE_SLOTS,
+        fixed={"hidden_act": "silu"},
+        interleaved=True,
+        biases={"attention_bias": "blk.0.attn_output.bias", "mlp_bias": "blk.0.ffn_down.bias"},
+        unfit=_llama_unfit,
+    )
+)
+ARCHS.register("qwen2")(
+    Arch(
+        "qwen2",
+        "qwen2",
+        _ROPE_KEYS,
+        _ROPE_SLOTS,
+        fixed={"hidden_act": "silu", "use_sliding_window": False},
+        unfit=_qwen2_unfit,
+    )
+)
+ARCHS.register("gpt2")(
+    Arch(
+        "gpt2",
+        "gpt2",
+        _GPT2_KEYS,
+        _GPT2_SLOTS,
+        rope=False,
+        output_copy=True,
+        unfit=_gpt2_unfit,
+        fixed={
+            "activation_function": "gelu_new",
+            "scale_attn_weights": True,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    )
+)

@@ -36,8 +36,15 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
 INTS, FLOATS, BOOL = (0, 1, 2, 3, 4, 5, 10, 11), (6, 12), 7
-KINDS = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string",
-         "str[]": "an array of strings", "int[]": "an array of integers", "float[]": "an array of numbers"}
+KINDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "str": "a string",
+    "str[]": "an array of strings",
+    "int[]": "an array of integers",
+    "float[]": "an array of numbers",
+}
 PLAIN_TYPES = {0: np.float32, 1: np.float16}  # ggml F32, F16; BF16 (30) is read through torch
 BF16 = 30
 MISSING: Any = object()
@@ -80,11 +87,15 @@ def _block(code: int, where: str) -> tuple[int, int]:
         return 1, {0: 4, 1: 2, BF16: 2}[code]
     gguf = _gguf_or_none()
     if gguf is None:
-        raise CheckpointError(f"{where} is stored as ggml type {code}; reading quantized GGUF tensors needs the gguf "
-                              "package (pip install gguf)")
+        raise CheckpointError(
+            f"{where} is stored as ggml type {code}; reading quantized GGUF tensors needs the gguf "
+            "package (pip install gguf)"
+        )
     if code not in set(gguf.GGMLQuantizationType):
-        raise CheckpointError(f"{where}: ggml type {code} is no type the installed gguf package knows; the file is "
-                              "damaged, or newer than that package (upgrade gguf)")
+        raise CheckpointError(
+            f"{where}: ggml type {code} is no type the installed gguf package knows; the file is "
+            "damaged, or newer than that package (upgrade gguf)"
+        )
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(code)]
 
 
@@ -96,8 +107,10 @@ class _Cursor:
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise CheckpointError(f"{self.path}: {what} needs {n} bytes at byte {self.pos} but the file has "
-                                  f"{self.size}; the file is truncated or corrupt (download or convert it again)")
+            raise CheckpointError(
+                f"{self.path}: {what} needs {n} bytes at byte {self.pos} but the file has "
+                f"{self.size}; the file is truncated or corrupt (download or convert it again)"
+            )
 
     def unpack(self, fmt: str, what: str) -> Any:
         n = struct.calcsize("<" + fmt)
@@ -109,7 +122,7 @@ class _Cursor:
     def string(self, what: str) -> str:
         n = self.unpack("Q", what)
         self.need(n, what)
-        raw = self.data[self.pos:self.pos + n]
+        raw = self.data[self.pos : self.pos + n]
         self.pos += n
         try:
             return raw.decode("utf-8")
@@ -123,8 +136,9 @@ class _Cursor:
             return self.string(what)
         if kind == ARRAY:
             return self.array(what)
-        raise CheckpointError(f"{self.path}: {what} has value type {kind}, which GGUF does not define; the file is "
-                              "corrupt")
+        raise CheckpointError(
+            f"{self.path}: {what} has value type {kind}, which GGUF does not define; the file is corrupt"
+        )
 
     def array(self, what: str) -> tuple[int, Any]:
         """(element type, values): numbers as one numpy array, strings as a list."""
@@ -132,8 +146,9 @@ class _Cursor:
         if kind in SCALARS:
             size = struct.calcsize(SCALARS[kind])
             self.need(n * size, what)  # refused before allocating
-            values = np.frombuffer(self.data, dtype=np.dtype(SCALARS[kind]).newbyteorder("<"), count=n,
-                                   offset=self.pos).copy()
+            values = np.frombuffer(
+                self.data, dtype=np.dtype(SCALARS[kind]).newbyteorder("<"), count=n, offset=self.pos
+            ).copy()
             self.pos += n * size
             return kind, values
         if kind == STRING:
@@ -152,8 +167,9 @@ class GGUFFile:
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 24:
-                raise CheckpointError(f"{self.path}: {size} bytes is too short for a GGUF file; point at a .gguf "
-                                      "model file")
+                raise CheckpointError(
+                    f"{self.path}: {size} bytes is too short for a GGUF file; point at a .gguf model file"
+                )
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self._parse()
@@ -175,15 +191,17 @@ class GGUFFile:
         c = _Cursor(self._map, self.path)
         magic = bytes(self._map[:4])
         if magic != MAGIC:
-            raise CheckpointError(f"{self.path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); point at a "
-                                  ".gguf model file")
+            raise CheckpointError(
+                f"{self.path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); point at a .gguf model file"
+            )
         c.pos = 4
         version = c.unpack("I", "the version")
         if version not in VERSIONS:
             swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
             detail = " (a big-endian file, which zoo does not read)" if swapped in VERSIONS else ""
-            raise CheckpointError(f"{self.path}: GGUF version {version}{detail} is not read; zoo reads versions 2 "
-                                  "and 3")
+            raise CheckpointError(
+                f"{self.path}: GGUF version {version}{detail} is not read; zoo reads versions 2 and 3"
+            )
         n_tensors, n_keys = c.unpack("QQ", "the header")
         c.need(n_keys * 13, f"a header declaring {n_keys} metadata keys")  # key length, type, 1-byte value at least
         self.metadata: dict[str, tuple[int, Any]] = {}
@@ -197,8 +215,9 @@ class GGUFFile:
         infos = [self._tensor_info(c) for _ in range(n_tensors)]
         alignment = self.get("general.alignment", "int", ALIGNMENT)
         if alignment <= 0 or alignment & (alignment - 1):
-            raise CheckpointError(f"{self.path}: general.alignment={alignment} is not a power of two; the file is "
-                                  "corrupt")
+            raise CheckpointError(
+                f"{self.path}: general.alignment={alignment} is not a power of two; the file is corrupt"
+            )
         self.data_start = -(-c.pos // alignment) * alignment
         self.tensors: dict[str, TensorInfo] = {}
         for info in infos:
@@ -209,27 +228,34 @@ class GGUFFile:
         name = c.string("a tensor name")
         n_dims = c.unpack("I", f"tensor {name}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise CheckpointError(f"{self.path}: tensor {name} declares {n_dims} dimensions (GGUF has 1 to "
-                                  f"{MAX_DIMS}); the file is corrupt")
+            raise CheckpointError(
+                f"{self.path}: tensor {name} declares {n_dims} dimensions (GGUF has 1 to "
+                f"{MAX_DIMS}); the file is corrupt"
+            )
         dims = c.unpack("Q" * n_dims, f"tensor {name}")
         dims = dims if isinstance(dims, tuple) else (dims,)
         code, offset = c.unpack("IQ", f"tensor {name}")
         per_block, block_bytes = _block(code, f"{self.path}: tensor {name}")
         if dims[0] % per_block:
-            raise CheckpointError(f"{self.path}: tensor {name} has rows of {dims[0]} values, not a multiple of its "
-                                  f"{ggml_type_name(code)} block ({per_block}); the file is corrupt")
+            raise CheckpointError(
+                f"{self.path}: tensor {name} has rows of {dims[0]} values, not a multiple of its "
+                f"{ggml_type_name(code)} block ({per_block}); the file is corrupt"
+            )
         elements = int(np.prod(dims, dtype=object))
-        return TensorInfo(name, code, tuple(int(d) for d in reversed(dims)), int(offset),
-                          elements // per_block * block_bytes)
+        return TensorInfo(
+            name, code, tuple(int(d) for d in reversed(dims)), int(offset), elements // per_block * block_bytes
+        )
 
     def _check_extent(self, info: TensorInfo) -> None:
         if info.name in self.tensors:
             raise CheckpointError(f"{self.path}: tensor {info.name} appears twice; the file is corrupt")
         end = self.data_start + info.offset + info.nbytes
         if end > len(self._map):
-            raise CheckpointError(f"{self.path}: tensor {info.name} ({info.nbytes} bytes at offset {info.offset}) "
-                                  f"ends past the end of the file ({len(self._map)} bytes); the file is truncated "
-                                  "(download or convert it again)")
+            raise CheckpointError(
+                f"{self.path}: tensor {info.name} ({info.nbytes} bytes at offset {info.offset}) "
+                f"ends past the end of the file ({len(self._map)} bytes); the file is truncated "
+                "(download or convert it again)"
+            )
 
     # ---- metadata ------------------------------------------------------------------------------------
     def get(self, key: str, kind: str, default: Any = MISSING) -> Any:
@@ -238,15 +264,19 @@ class GGUFFile:
         type a CheckpointError naming the key."""
         if key not in self.metadata:
             if default is MISSING:
-                raise CheckpointError(f"{self.path}: the metadata has no {key}, which this model needs; the file is "
-                                      "incomplete (convert it again with llama.cpp)")
+                raise CheckpointError(
+                    f"{self.path}: the metadata has no {key}, which this model needs; the file is "
+                    "incomplete (convert it again with llama.cpp)"
+                )
             return default
         code, value = self.metadata[key]
         element = value[0] if code == ARRAY else code
         wanted = {"int": INTS, "float": INTS + FLOATS, "bool": (BOOL,), "str": (STRING,)}[kind.removesuffix("[]")]
         if (code == ARRAY) != kind.endswith("[]") or element not in wanted:
-            raise CheckpointError(f"{self.path}: metadata {key} is {_describe(code, value)}, not {KINDS[kind]}; the "
-                                  "file is damaged or was not written for this architecture")
+            raise CheckpointError(
+                f"{self.path}: metadata {key} is {_describe(code, value)}, not {KINDS[kind]}; the "
+                "file is damaged or was not written for this architecture"
+            )
         if code == ARRAY:
             items = value[1]
             return items.astype(np.float64 if kind == "float[]" else np.int64) if kind != "str[]" else items
@@ -277,9 +307,11 @@ class GGUFFile:
         try:
             return np.ascontiguousarray(gguf.quants.dequantize(rows, qtype), dtype=np.float32)
         except NotImplementedError:
-            raise CheckpointError(f"{self.path}: tensor {info.name} is stored as {qtype.name}, which the installed "
-                                  "gguf package cannot dequantize; requantize the model (e.g. Q8_0, Q4_K) with "
-                                  "llama.cpp, or upgrade gguf") from None
+            raise CheckpointError(
+                f"{self.path}: tensor {info.name} is stored as {qtype.name}, which the installed "
+                "gguf package cannot dequantize; requantize the model (e.g. Q8_0, Q4_K) with "
+                "llama.cpp, or upgrade gguf"
+            ) from None
 
 
 def _describe(code: int, value: Any) -> str:

@@ -29,13 +29,25 @@ from zoo.io import CheckpointError
 from zoo.registry import ConfigError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = range(1, 7)
-ROLES = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "pad": "padding_token_id",
-         "sep": "seperator_token_id", "cls": "cls_token_id", "mask": "mask_token_id", "eot": "eot_token_id"}
+ROLES = {
+    "bos": "bos_token_id",
+    "eos": "eos_token_id",
+    "unk": "unknown_token_id",
+    "pad": "padding_token_id",
+    "sep": "seperator_token_id",
+    "cls": "cls_token_id",
+    "mask": "mask_token_id",
+    "eot": "eot_token_id",
+}
 """Special-token roles and their ``tokenizer.ggml.<key>`` (``seperator`` is llama.cpp's spelling)."""
-QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-         r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPACE = "\u2581"  # SentencePiece's visible space
 
 
@@ -85,38 +97,51 @@ def read_vocab(f: GGUFFile) -> Vocab | None:
     if model is None or model in ("none", "no_vocab"):
         return None
     if model not in ("gpt2", "llama"):
-        raise CheckpointError(f"{f.path}: tokenizer.ggml.model={model!r} is a tokenizer zoo cannot read (it reads "
-                              "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies); read the weights "
-                              "alone with zoo.from_gguf, and give the tokenizer another way")
+        raise CheckpointError(
+            f"{f.path}: tokenizer.ggml.model={model!r} is a tokenizer zoo cannot read (it reads "
+            "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies); read the weights "
+            "alone with zoo.from_gguf, and give the tokenizer another way"
+        )
     tokens = f.get("tokenizer.ggml.tokens", "str[]")
     types = [int(t) for t in f.get("tokenizer.ggml.token_type", "int[]", [NORMAL] * len(tokens))]
     if len(types) != len(tokens):
-        raise CheckpointError(f"{f.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; "
-                              "the file is corrupt")
+        raise CheckpointError(
+            f"{f.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; "
+            "the file is corrupt"
+        )
     if model == "llama":
         scores = [float(s) for s in f.get("tokenizer.ggml.scores", "float[]", [0.0] * len(tokens))]
         if len(scores) != len(tokens):
-            raise CheckpointError(f"{f.path}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} "
-                                  "tokens; the file is corrupt")
+            raise CheckpointError(
+                f"{f.path}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} "
+                "tokens; the file is corrupt"
+            )
         prefix = f.get("tokenizer.ggml.add_space_prefix", "bool", True)
         return Vocab("llama", tokens, types, scores=scores, add_space_prefix=prefix)
     pre = f.get("tokenizer.ggml.pre", "str", "gpt-2")
     if pre not in PRE:
-        raise CheckpointError(f"{f.path}: tokenizer.ggml.pre={pre!r} names a pre-tokenizer zoo does not know "
-                              f"(known: {', '.join(PRE)}); read the weights alone with zoo.from_gguf")
+        raise CheckpointError(
+            f"{f.path}: tokenizer.ggml.pre={pre!r} names a pre-tokenizer zoo does not know "
+            f"(known: {', '.join(PRE)}); read the weights alone with zoo.from_gguf"
+        )
     return Vocab("gpt2", tokens, types, merges=f.get("tokenizer.ggml.merges", "str[]"), pre=pre)
 
 
-def build_tokenizer(vocab: Vocab, specials: dict[str, int], *, add_bos: bool, add_eos: bool,
-                    where: str = "the vocabulary") -> Tokenizer:
+def build_tokenizer(
+    vocab: Vocab, specials: dict[str, int], *, add_bos: bool, add_eos: bool, where: str = "the vocabulary"
+) -> Tokenizer:
     """The ``tokenizers.Tokenizer`` that encodes as llama.cpp does with ``vocab``."""
     try:
         tok = _bpe(vocab) if vocab.model == "gpt2" else _sentencepiece(vocab, specials)
     except Exception as error:  # tokenizers raises its own exception types for a vocabulary it rejects
-        raise CheckpointError(f"{where}: the {vocab.model} vocabulary does not make a tokenizer ({error}); the file "
-                              "is corrupt") from None
-    added = [AddedToken(t, special=kind == CONTROL, normalized=False)
-             for t, kind in zip(vocab.tokens, vocab.types, strict=True) if kind in (CONTROL, USER_DEFINED)]
+        raise CheckpointError(
+            f"{where}: the {vocab.model} vocabulary does not make a tokenizer ({error}); the file is corrupt"
+        ) from None
+    added = [
+        AddedToken(t, special=kind == CONTROL, normalized=False)
+        for t, kind in zip(vocab.tokens, vocab.types, strict=True)
+        if kind in (CONTROL, USER_DEFINED)
+    ]
     tok.add_special_tokens([t for t in added if t.special])
     tok.add_tokens([t for t in added if not t.special])
     ends = {role: specials.get(role) for role, on in (("bos", add_bos), ("eos", add_eos)) if on}
@@ -127,7 +152,8 @@ def build_tokenizer(vocab: Vocab, specials: dict[str, int], *, add_bos: bool, ad
         names = {role: vocab.tokens[i] for role, i in ends.items()}
         single = " ".join([*([names["bos"]] if add_bos else []), "$A", *([names["eos"]] if add_eos else [])])
         tok.post_processor = processors.TemplateProcessing(
-            single=single, special_tokens=[(names[role], i) for role, i in ends.items()])
+            single=single, special_tokens=[(names[role], i) for role, i in ends.items()]
+        )
     return tok
 
 
@@ -158,10 +184,18 @@ def _sentencepiece(vocab: Vocab, specials: dict[str, int]) -> Tokenizer:
     add_space_prefix = vocab.add_space_prefix is not False
     ids = _ids(vocab)
     unk = specials.get("unk")
-    tok = Tokenizer(models.BPE(ids, _score_merges(vocab, ids), unk_token=vocab.tokens[unk] if unk is not None else None,
-                               fuse_unk=True, byte_fallback=BYTE in vocab.types))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, split=False,
-                                                 prepend_scheme="always" if add_space_prefix else "never")
+    tok = Tokenizer(
+        models.BPE(
+            ids,
+            _score_merges(vocab, ids),
+            unk_token=vocab.tokens[unk] if unk is not None else None,
+            fuse_unk=True,
+            byte_fallback=BYTE in vocab.types,
+        )
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPACE, split=False, prepend_scheme="always" if add_space_prefix else "never"
+    )
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
     return tok
@@ -188,8 +222,11 @@ def _signature(pre: dict | None) -> list[tuple]:
         return []
     if pre["type"] == "Sequence":
         return [step for inner in pre["pretokenizers"] for step in _signature(inner)]
-    keep = {"ByteLevel": ("add_prefix_space", "use_regex"), "Digits": ("individual_digits",),
-            "Split": ("pattern", "behavior", "invert")}.get(pre["type"])
+    keep = {
+        "ByteLevel": ("add_prefix_space", "use_regex"),
+        "Digits": ("individual_digits",),
+        "Split": ("pattern", "behavior", "invert"),
+    }.get(pre["type"])
     if keep is None:
         return [(pre["type"], json.dumps(pre, sort_keys=True))]
     return [(pre["type"], *(json.dumps(pre.get(k), sort_keys=True) for k in keep))]
@@ -208,8 +245,13 @@ def _is_sentencepiece(spec: dict) -> bool:
     """The shape :func:`build_tokenizer` gives a ``llama`` vocabulary: BPE with byte fallback over
     SentencePiece's visible space, no normalizer."""
     pre = spec.get("pre_tokenizer") or {}
-    return (spec["model"].get("byte_fallback", False) and spec.get("normalizer") is None
-            and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not pre.get("split", True))
+    return (
+        spec["model"].get("byte_fallback", False)
+        and spec.get("normalizer") is None
+        and pre.get("type") == "Metaspace"
+        and pre.get("replacement") == SPACE
+        and not pre.get("split", True)
+    )
 
 
 def tokenizer_vocab(tok: Tokenizer, vocab_size: int) -> Vocab:
@@ -226,12 +268,19 @@ def tokenizer_vocab(tok: Tokenizer, vocab_size: int) -> Vocab:
     model, pre = spec["model"], _pre_name(spec.get("pre_tokenizer"))
     spm = model["type"] == "BPE" and _is_sentencepiece(spec)
     if model["type"] != "BPE" or (spec.get("normalizer") is not None and not spm) or (pre is None and not spm):
-        what = (f"a {model['type']} model" if model["type"] != "BPE" else "a normalizer" if spec.get("normalizer")
-                else f"the pre-tokenizer {json.dumps(spec.get('pre_tokenizer'))[:120]}")
-        raise ConfigError(f"tokenizer: llama.cpp cannot reproduce {what}: zoo writes byte-level BPE tokenizers whose "
-                          f"pre-tokenizer is one of {', '.join(PRE)} (as tokenizer.ggml.pre), and SentencePiece "
-                          "vocabularies read from GGUF; export with tokenizer=None (the weights alone) or another "
-                          "tokenizer")
+        what = (
+            f"a {model['type']} model"
+            if model["type"] != "BPE"
+            else "a normalizer"
+            if spec.get("normalizer")
+            else f"the pre-tokenizer {json.dumps(spec.get('pre_tokenizer'))[:120]}"
+        )
+        raise ConfigError(
+            f"tokenizer: llama.cpp cannot reproduce {what}: zoo writes byte-level BPE tokenizers whose "
+            f"pre-tokenizer is one of {', '.join(PRE)} (as tokenizer.ggml.pre), and SentencePiece "
+            "vocabularies read from GGUF; export with tokenizer=None (the weights alone) or another "
+            "tokenizer"
+        )
     tokens, types = _table(tok, vocab_size)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     if not spm:
@@ -253,8 +302,10 @@ def _table(tok: Tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
     the others, unused for padding)."""
     table = tok.get_vocab(with_added_tokens=True)
     if len(table) > vocab_size or max(table.values(), default=0) >= vocab_size:
-        raise ConfigError(f"tokenizer: {len(table)} tokens (ids up to {max(table.values())}) for a model of "
-                          f"vocab_size={vocab_size}; export with the tokenizer the model was trained with")
+        raise ConfigError(
+            f"tokenizer: {len(table)} tokens (ids up to {max(table.values())}) for a model of "
+            f"vocab_size={vocab_size}; export with the tokenizer the model was trained with"
+        )
     tokens, types = [f"[PAD{i}]" for i in range(vocab_size)], [UNUSED] * vocab_size
     for token, i in table.items():
         tokens[i], types[i] = token, NORMAL
@@ -276,5 +327,4 @@ def role_ids(specials: dict[str, object] | None, vocab_size: int) -> dict[str, i
     return out
 
 
-__all__ = ["PRE", "ROLES", "Vocab", "build_tokenizer", "read_specials", "read_vocab", "role_ids",
-           "tokenizer_vocab"]
+__all__ = ["PRE", "ROLES", "Vocab", "build_tokenizer", "read_specials", "read_vocab", "role_ids", "tokenizer_vocab"]

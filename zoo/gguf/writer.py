@@ -48,14 +48,25 @@ def gguf_exportable(model: ZooModel | ModelConfig) -> str:
             return name
         found[name] = problems
     name, problems = min(found.items(), key=lambda item: (item[1][0].startswith("arch="), len(item[1])))
-    raise ConfigError(f"model.{problems[0].split('=')[0]}: no llama.cpp architecture computes this {cfg.arch}; the "
-                      f"closest, {name}, differs in {'; '.join(problems)}. Export it with format=safetensors or "
-                      "format=onnx, or change those settings")
+    raise ConfigError(
+        f"model.{problems[0].split('=')[0]}: no llama.cpp architecture computes this {cfg.arch}; the "
+        f"closest, {name}, differs in {'; '.join(problems)}. Export it with format=safetensors or "
+        "format=onnx, or change those settings"
+    )
 
 
-def to_gguf(model: ZooModel, path: str | os.PathLike, *, dtype: str = "f32", tokenizer: Tokenizer | None = None,
-            specials: Mapping[str, Any] | None = None, add_bos: bool = False, chat_template: str | None = None,
-            name: str | None = None, check: Callable[[Path], None] | None = None) -> str:
+def to_gguf(
+    model: ZooModel,
+    path: str | os.PathLike,
+    *,
+    dtype: str = "f32",
+    tokenizer: Tokenizer | None = None,
+    specials: Mapping[str, Any] | None = None,
+    add_bos: bool = False,
+    chat_template: str | None = None,
+    name: str | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> str:
     """Write ``model`` as a llama.cpp GGUF file at ``path`` (which must not exist); return the architecture.
 
     ``dtype``: f32, f16, bf16, q8_0 or q4_0 for the 2-D weights (see :data:`FILE_TYPES`).
@@ -76,8 +87,9 @@ def to_gguf(model: ZooModel, path: str | os.PathLike, *, dtype: str = "f32", tok
     if dtype not in FILE_TYPES:
         raise ConfigError(f"gguf.dtype={dtype!r} is not a GGUF weight type zoo writes; choose {', '.join(FILE_TYPES)}")
     vocab = tokenizer_vocab(tokenizer, cfg.vocab_size) if tokenizer is not None else None
-    ids = role_ids(specials if specials is not None else {"eos": cfg.eos_token_id, "pad": cfg.pad_token_id},
-                   cfg.vocab_size)
+    ids = role_ids(
+        specials if specials is not None else {"eos": cfg.eos_token_id, "pad": cfg.pad_token_id}, cfg.vocab_size
+    )
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path}: exists; choose a new file name (nothing is overwritten)")

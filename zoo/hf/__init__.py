@@ -33,8 +33,17 @@ from zoo.models import ZooModel
 from zoo.pretrained import DEPTHS, meta_model
 from zoo.registry import ConfigError
 
-__all__ = ["FAMILIES", "Family", "family_class", "from_hf", "from_hf_config", "hf_exportable", "is_hf_folder",
-           "resolve", "to_hf"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "family_class",
+    "from_hf",
+    "from_hf_config",
+    "hf_exportable",
+    "is_hf_folder",
+    "resolve",
+    "to_hf",
+]
 
 
 def from_hf_config(hf_config: Any) -> ModelConfig:
@@ -51,8 +60,10 @@ def from_hf_config(hf_config: Any) -> ModelConfig:
     """
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:
-        raise ValueError(f"model_type={model_type!r} is not supported by zoo.from_hf; supported model types: "
-                         f"{', '.join(FAMILIES.names())}")
+        raise ValueError(
+            f"model_type={model_type!r} is not supported by zoo.from_hf; supported model types: "
+            f"{', '.join(FAMILIES.names())}"
+        )
     return FAMILIES.get(model_type).config(hf_config).validate()
 
 
@@ -87,9 +98,16 @@ def from_hf(source: nn.Module | str | os.PathLike) -> ZooModel:
     return _convert(hf_config, read_tensors(files, headers), prefix, str(folder), fields=fields, files=where)
 
 
-def _convert(hf_config: Any, tensors: dict[str, torch.Tensor], prefix: str, owner: str, *,
-             fields: dict[str, Any] | None = None, files: dict[str, str] | None = None,
-             load: bool = True) -> ZooModel:
+def _convert(
+    hf_config: Any,
+    tensors: dict[str, torch.Tensor],
+    prefix: str,
+    owner: str,
+    *,
+    fields: dict[str, Any] | None = None,
+    files: dict[str, str] | None = None,
+    load: bool = True,
+) -> ZooModel:
     """The zoo model of ``hf_config`` holding ``tensors`` (HF names), or, without ``load``, only the
     checks (``tensors`` may be meta tensors)."""
     cfg = _config(hf_config, owner, fields)
@@ -99,8 +117,10 @@ def _convert(hf_config: Any, tensors: dict[str, torch.Tensor], prefix: str, owne
         n = getattr(cfg, depth)
         if n is not None and n > len(tensors):
             named = [f"{k}={v}" for k, v in (fields or {}).items() if v == n and "layer" in k] or [f"{depth}={n}"]
-            raise CheckpointError(f"{source}: {named[0]} describes more layers than the weights hold tensors "
-                                  f"({len(tensors)}); use the config.json saved with these weights")
+            raise CheckpointError(
+                f"{source}: {named[0]} describes more layers than the weights hold tensors "
+                f"({len(tensors)}); use the config.json saved with these weights"
+            )
     expected = {name: tuple(t.shape) for name, t in meta_model(cfg, source).state_dict().items()}
     base = f"{prefix}." if prefix else ""
     weights = Importer(tensors, base, owner, expected=expected, fields=fields, files=files)
@@ -110,8 +130,10 @@ def _convert(hf_config: Any, tensors: dict[str, torch.Tensor], prefix: str, owne
     for name, tensor in model.state_dict().items():  # the heads the first model lacked
         got = weights.out.get(name)
         if got is not None and got.shape != tensor.shape:
-            raise CheckpointError(f"{owner}: the weights give {name} the shape {tuple(got.shape)} but config.json's "
-                                  f"sizes make it {tuple(tensor.shape)}; use the config.json saved with them")
+            raise CheckpointError(
+                f"{owner}: the weights give {name} the shape {tuple(got.shape)} but config.json's "
+                f"sizes make it {tuple(tensor.shape)}; use the config.json saved with them"
+            )
     if not load:
         return model
     model.load_state_dict(weights.out, strict=True, assign=True)
@@ -129,8 +151,9 @@ def _config(hf_config: Any, owner: str, fields: dict[str, Any] | None) -> ModelC
     try:
         return from_hf_config(hf_config)
     except (TypeError, OverflowError, ConfigError) as error:
-        raise CheckpointError(f"{owner}/config.json: its sizes make no model ({error}); use the config.json saved "
-                              f"with these weights") from None
+        raise CheckpointError(
+            f"{owner}/config.json: its sizes make no model ({error}); use the config.json saved with these weights"
+        ) from None
 
 
 def hf_exportable(cfg: ModelConfig) -> str:
@@ -145,9 +168,11 @@ def hf_exportable(cfg: ModelConfig) -> str:
         if not problems:
             return name
     name, problems = min(found.items(), key=lambda item: (item[1][0].startswith("arch="), len(item[1])))
-    raise ConfigError(f"model.{problems[0].split(' (')[0]}: no transformers class computes this {cfg.arch}; the "
-                      f"closest, {name}, differs in {'; '.join(problems)}. Export it with format=safetensors or "
-                      f"format=onnx, or change those settings")
+    raise ConfigError(
+        f"model.{problems[0].split(' (')[0]}: no transformers class computes this {cfg.arch}; the "
+        f"closest, {name}, differs in {'; '.join(problems)}. Export it with format=safetensors or "
+        f"format=onnx, or change those settings"
+    )
 
 
 def family_class(cfg: ModelConfig, *, classifier: bool = False) -> str:
@@ -160,17 +185,27 @@ def _hf_class(cfg: ModelConfig, classifier: bool) -> tuple[str, Family, HFClass]
     family = FAMILIES.get(name)
     written = family.architecture(cfg, classifier)
     if written is None:
-        raise ConfigError(f"model.arch={cfg.arch}: transformers has no sequence-classification class zoo writes for "
-                          "this model; export it with format=safetensors or format=onnx")
+        raise ConfigError(
+            f"model.arch={cfg.arch}: transformers has no sequence-classification class zoo writes for "
+            "this model; export it with format=safetensors or format=onnx"
+        )
     if classifier and not cfg.pooler:
-        raise ConfigError("model.pooler=false: BertForSequenceClassification classifies the pooled first token; "
-                          "train the classifier with model.pooler=true, or export with format=safetensors or onnx")
+        raise ConfigError(
+            "model.pooler=false: BertForSequenceClassification classifies the pooled first token; "
+            "train the classifier with model.pooler=true, or export with format=safetensors or onnx"
+        )
     return name, family, written
 
 
-def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear | None = None,
-          label_names: list[str] | None = None, files: dict[str, str] | None = None,
-          check: Callable[[Path], None] | None = None) -> str:
+def to_hf(
+    model: ZooModel,
+    folder: str | os.PathLike,
+    *,
+    classifier: nn.Linear | None = None,
+    label_names: list[str] | None = None,
+    files: dict[str, str] | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> str:
     """Write ``model`` as a HF model folder: config.json, model.safetensors (HF names, tied weights
     once), generation_config.json for a model that generates, and ``files`` (name -> text: tokenizer
     files, a model card). ``classifier``: a linear head over BERT's pooled output, written as
@@ -194,8 +229,12 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
         state.setdefault(tensor, torch.zeros(shape, dtype=dtype))
     exporter = Exporter(state, f"{family.prefix}." if written.prefixed else "")
     family.weights(exporter, written.config)
-    config = {"model_type": name, "architectures": [written.name],
-              "torch_dtype": str(dtype).removeprefix("torch."), **family.write_config(written.config)}
+    config = {
+        "model_type": name,
+        "architectures": [written.name],
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        **family.write_config(written.config),
+    }
     if classifier is not None:
         labels = _check_classifier(classifier, label_names, cfg)
         exporter.out["classifier.weight"] = classifier.weight.detach().contiguous().clone()
@@ -203,8 +242,9 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
         config |= {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
     with atomic_folder(folder) as tmp:
         write_json(tmp / "config.json", config)
-        atomic_write_with(tmp / "model.safetensors", lambda path: save_file(exporter.out, str(path),
-                                                                            metadata={"format": "pt"}))
+        atomic_write_with(
+            tmp / "model.safetensors", lambda path: save_file(exporter.out, str(path), metadata={"format": "pt"})
+        )
         if type(model).decoding is not None:
             write_json(tmp / "generation_config.json", _generation_config(cfg, config))
         for file, text in (files or {}).items():
@@ -217,8 +257,10 @@ def to_hf(model: ZooModel, folder: str | os.PathLike, *, classifier: nn.Linear |
 def _check_classifier(head: nn.Linear, label_names: list[str] | None, cfg: ModelConfig) -> list[str]:
     """The label names of a classifier head that BertForSequenceClassification can hold."""
     if head.in_features != cfg.d_model or head.bias is None:
-        raise ValueError(f"classifier: an nn.Linear({cfg.d_model}, n_labels) with a bias is what "
-                         f"BertForSequenceClassification holds, not {head}")
+        raise ValueError(
+            f"classifier: an nn.Linear({cfg.d_model}, n_labels) with a bias is what "
+            f"BertForSequenceClassification holds, not {head}"
+        )
     labels = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(head.out_features)]
     if len(labels) != head.out_features:
         raise ValueError(f"label_names: {len(labels)} names for a head of {head.out_features} outputs")

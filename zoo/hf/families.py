@@ -21,8 +21,11 @@ WINDOW = ("sliding_window",)  # zoo's mask for HF's sliding_window, in the famil
 # ---- what a family can export ----------------------------------------------------------------------
 def differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[str]:
     """``field=value (<family> has ...)`` for each field whose value is not among the allowed ones."""
-    return [f"{name}={getattr(cfg, name)} ({family} has {' or '.join(map(str, values))})"
-            for name, values in allowed.items() if getattr(cfg, name) not in values]
+    return [
+        f"{name}={getattr(cfg, name)} ({family} has {' or '.join(map(str, values))})"
+        for name, values in allowed.items()
+        if getattr(cfg, name) not in values
+    ]
 
 
 def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = ()) -> list[str]:
@@ -32,14 +35,20 @@ def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = ()) -> list[st
     one document, and there a document mask computes what causal or sliding_window attention does."""
     natural = cfg.form.natural_mask
     computed = MASK.get(cfg.resolved_mask, field="mask").one_document(cfg)
-    problems = [] if computed in (natural, *masks) else [f"mask={cfg.mask} ({family} has "
-                                                         f"{' or '.join((natural, *masks))} attention)"]
+    problems = (
+        []
+        if computed in (natural, *masks)
+        else [f"mask={cfg.mask} ({family} has {' or '.join((natural, *masks))} attention)"]
+    )
     return problems + differs(cfg, family, embed_scale=(1.0,))
 
 
 def _mha(cfg: ModelConfig, family: str) -> list[str]:
-    problems = [] if cfg.resolved_n_kv_heads == cfg.n_heads else [f"n_kv_heads={cfg.n_kv_heads} ({family} has "
-                                                                   "one key/value head per query head)"]
+    problems = (
+        []
+        if cfg.resolved_n_kv_heads == cfg.n_heads
+        else [f"n_kv_heads={cfg.n_kv_heads} ({family} has one key/value head per query head)"]
+    )
     if cfg.resolved_head_dim * cfg.n_heads != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} ({family} has head_dim = d_model / n_heads)")
     return problems
@@ -67,12 +76,26 @@ def _gpt2_config(c: Any) -> ModelConfig:
         raise ValueError("gpt2: add_cross_attention=True (GPT-2 as a seq2seq decoder) is not supported")
     d, eos = c.n_embd, token_id(c, "eos_token_id")
     return ModelConfig(
-        arch="decoder", vocab_size=c.vocab_size, d_model=d, n_layers=c.n_layer, n_heads=c.n_head,
-        d_ff=c.n_inner or 4 * d, max_seq_len=c.n_positions, position="learned", norm="layernorm",
-        norm_placement="pre", **activation(c.activation_function, gated=False, field="activation_function"),
-        bias=True, tie_embeddings=c.tie_word_embeddings, norm_eps=c.layer_norm_epsilon,
-        attn_scale=None if c.scale_attn_weights else 1.0, dropout=c.resid_pdrop, attn_dropout=c.attn_pdrop,
-        init_std=c.initializer_range, eos_token_id=eos, pad_token_id=first(token_id(c, "pad_token_id"), eos, 0),
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=d,
+        n_layers=c.n_layer,
+        n_heads=c.n_head,
+        d_ff=c.n_inner or 4 * d,
+        max_seq_len=c.n_positions,
+        position="learned",
+        norm="layernorm",
+        norm_placement="pre",
+        **activation(c.activation_function, gated=False, field="activation_function"),
+        bias=True,
+        tie_embeddings=c.tie_word_embeddings,
+        norm_eps=c.layer_norm_epsilon,
+        attn_scale=None if c.scale_attn_weights else 1.0,
+        dropout=c.resid_pdrop,
+        attn_dropout=c.attn_pdrop,
+        init_std=c.initializer_range,
+        eos_token_id=eos,
+        pad_token_id=first(token_id(c, "pad_token_id"), eos, 0),
     )
 
 
@@ -93,18 +116,44 @@ def _gpt2_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _gpt2_unfit(cfg: ModelConfig) -> list[str]:
-    return differs(cfg, "GPT-2", arch=("decoder",)) + plain(cfg, "GPT-2") + _mha(cfg, "GPT-2") + differs(
-        cfg, "GPT-2", position=("learned",), norm=("layernorm",), norm_placement=("pre",), ffn=("gelu", "relu"),
-        bias=(True,), qkv_bias=(None, True), attn_scale=(None, 1.0), logit_scale=(1.0,))
+    return (
+        differs(cfg, "GPT-2", arch=("decoder",))
+        + plain(cfg, "GPT-2")
+        + _mha(cfg, "GPT-2")
+        + differs(
+            cfg,
+            "GPT-2",
+            position=("learned",),
+            norm=("layernorm",),
+            norm_placement=("pre",),
+            ffn=("gelu", "relu"),
+            bias=(True,),
+            qkv_bias=(None, True),
+            attn_scale=(None, 1.0),
+            logit_scale=(1.0,),
+        )
+    )
 
 
 def _gpt2_write(cfg: ModelConfig) -> dict[str, Any]:
-    return {"n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.resolved_d_ff,
-            "n_positions": cfg.max_seq_len, "activation_function": _gelu_name(cfg), "vocab_size": cfg.vocab_size,
-            "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": cfg.attn_scale is None,
-            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": attn_dropout(cfg),
-            "initializer_range": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings,
-            "bos_token_id": cfg.eos_token_id, **ids(cfg)}
+    return {
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads,
+        "n_inner": cfg.resolved_d_ff,
+        "n_positions": cfg.max_seq_len,
+        "activation_function": _gelu_name(cfg),
+        "vocab_size": cfg.vocab_size,
+        "layer_norm_epsilon": cfg.norm_eps,
+        "scale_attn_weights": cfg.attn_scale is None,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": attn_dropout(cfg),
+        "initializer_range": cfg.init_std,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": cfg.eos_token_id,
+        **ids(cfg),
+    }
 
 
 # ---- BERT ----------------------------------------------------------------------------------------------
@@ -113,19 +162,37 @@ def _bert_config(c: Any) -> ModelConfig:
     embeddings; :func:`_bert_weights` keeps the pooler and the masked-LM head if the model has them."""
     kind = getattr(c, "position_embedding_type", "absolute")
     if kind != "absolute":
-        raise ValueError(f"bert: position_embedding_type={kind!r} is not supported; zoo has learned absolute "
-                         "positions only (position_embedding_type='absolute')")
+        raise ValueError(
+            f"bert: position_embedding_type={kind!r} is not supported; zoo has learned absolute "
+            "positions only (position_embedding_type='absolute')"
+        )
     if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):
-        raise ValueError("bert: is_decoder/add_cross_attention (BERT as a causal or seq2seq decoder) is not "
-                         "supported; zoo imports BERT as an encoder")
+        raise ValueError(
+            "bert: is_decoder/add_cross_attention (BERT as a causal or seq2seq decoder) is not "
+            "supported; zoo imports BERT as an encoder"
+        )
     return ModelConfig(
-        arch="encoder", vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings,
-        position="learned", norm="layernorm", norm_placement="post",
-        **activation(c.hidden_act, gated=False, field="hidden_act"), bias=True, norm_eps=c.layer_norm_eps,
-        type_vocab_size=c.type_vocab_size, pooler=True, mlm_head=False, dropout=c.hidden_dropout_prob,
-        attn_dropout=c.attention_probs_dropout_prob, init_std=c.initializer_range,
-        pad_token_id=first(token_id(c, "pad_token_id"), 0), eos_token_id=token_id(c, "eos_token_id"),
+        arch="encoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings,
+        position="learned",
+        norm="layernorm",
+        norm_placement="post",
+        **activation(c.hidden_act, gated=False, field="hidden_act"),
+        bias=True,
+        norm_eps=c.layer_norm_eps,
+        type_vocab_size=c.type_vocab_size,
+        pooler=True,
+        mlm_head=False,
+        dropout=c.hidden_dropout_prob,
+        attn_dropout=c.attention_probs_dropout_prob,
+        init_std=c.initializer_range,
+        pad_token_id=first(token_id(c, "pad_token_id"), 0),
+        eos_token_id=token_id(c, "eos_token_id"),
     )
 
 
@@ -157,18 +224,43 @@ def _bert_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _bert_unfit(cfg: ModelConfig) -> list[str]:
-    return differs(cfg, "BERT", arch=("encoder",)) + plain(cfg, "BERT") + _mha(cfg, "BERT") + differs(
-        cfg, "BERT", position=("learned",), norm=("layernorm",), norm_placement=("post",), ffn=("gelu", "relu"),
-        bias=(True,), qkv_bias=(None, True), attn_scale=(None,), logit_scale=(1.0,))
+    return (
+        differs(cfg, "BERT", arch=("encoder",))
+        + plain(cfg, "BERT")
+        + _mha(cfg, "BERT")
+        + differs(
+            cfg,
+            "BERT",
+            position=("learned",),
+            norm=("layernorm",),
+            norm_placement=("post",),
+            ffn=("gelu", "relu"),
+            bias=(True,),
+            qkv_bias=(None, True),
+            attn_scale=(None,),
+            logit_scale=(1.0,),
+        )
+    )
 
 
 def _bert_write(cfg: ModelConfig) -> dict[str, Any]:
-    return {"hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "intermediate_size": cfg.resolved_d_ff, "hidden_act": _gelu_name(cfg), "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.max_seq_len, "type_vocab_size": max(cfg.type_vocab_size, 1),
-            "layer_norm_eps": cfg.norm_eps, "hidden_dropout_prob": cfg.dropout,
-            "attention_probs_dropout_prob": attn_dropout(cfg), "initializer_range": cfg.init_std,
-            "position_embedding_type": "absolute", "tie_word_embeddings": True, **ids(cfg)}
+    return {
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "intermediate_size": cfg.resolved_d_ff,
+        "hidden_act": _gelu_name(cfg),
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len,
+        "type_vocab_size": max(cfg.type_vocab_size, 1),
+        "layer_norm_eps": cfg.norm_eps,
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": attn_dropout(cfg),
+        "initializer_range": cfg.init_std,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        **ids(cfg),
+    }
 
 
 # ---- T5 ------------------------------------------------------------------------------------------------
@@ -191,13 +283,29 @@ def _t5_config(c: Any) -> ModelConfig:
     split = {} if n_dec == n_enc else {"n_encoder_layers": n_enc, "n_decoder_layers": n_dec}
     pad = first(token_id(c, "pad_token_id"), 0)
     return ModelConfig(
-        arch="encoder_decoder", vocab_size=c.vocab_size, d_model=d, n_heads=h, n_layers=n_enc, **split,
-        head_dim=None if d % h == 0 and d // h == c.d_kv else c.d_kv, d_ff=c.d_ff,
-        position="t5_relative", rel_buckets=c.relative_attention_num_buckets,
-        rel_max_distance=c.relative_attention_max_distance, norm="rmsnorm", norm_placement="pre",
-        **_t5_activation(c), bias=False, tie_embeddings=scaled, logit_scale=d**-0.5 if scaled else 1.0,
-        attn_scale=1.0, norm_eps=c.layer_norm_epsilon, dropout=c.dropout_rate,
-        init_std=c.initializer_factor * d**-0.5, pad_token_id=pad, eos_token_id=token_id(c, "eos_token_id"),
+        arch="encoder_decoder",
+        vocab_size=c.vocab_size,
+        d_model=d,
+        n_heads=h,
+        n_layers=n_enc,
+        **split,
+        head_dim=None if d % h == 0 and d // h == c.d_kv else c.d_kv,
+        d_ff=c.d_ff,
+        position="t5_relative",
+        rel_buckets=c.relative_attention_num_buckets,
+        rel_max_distance=c.relative_attention_max_distance,
+        norm="rmsnorm",
+        norm_placement="pre",
+        **_t5_activation(c),
+        bias=False,
+        tie_embeddings=scaled,
+        logit_scale=d**-0.5 if scaled else 1.0,
+        attn_scale=1.0,
+        norm_eps=c.layer_norm_epsilon,
+        dropout=c.dropout_rate,
+        init_std=c.initializer_factor * d**-0.5,
+        pad_token_id=pad,
+        eos_token_id=token_id(c, "eos_token_id"),
         decoder_start_token_id=first(token_id(c, "decoder_start_token_id"), pad),
     )
 
@@ -205,8 +313,9 @@ def _t5_config(c: Any) -> ModelConfig:
 def _t5_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
     b = w.base
     if w.importing and not w.has(f"{b}decoder.block.0.layer.0.SelfAttention.q.weight", True):
-        raise ValueError("t5: the HF model has no decoder (T5EncoderModel?); zoo imports T5Model and "
-                         "T5ForConditionalGeneration")
+        raise ValueError(
+            "t5: the HF model has no decoder (T5EncoderModel?); zoo imports T5Model and T5ForConditionalGeneration"
+        )
     fc = ["wi_0", "wi_1"] if FFN.get(cfg.ffn, field="ffn").gated else ["wi"]  # wi_0 is gated by the activation
     inner = cfg.n_heads * cfg.resolved_head_dim
     w.copy("embed", f"{b}shared")
@@ -235,31 +344,56 @@ def _t5_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _t5_unfit(cfg: ModelConfig) -> list[str]:
-    problems = differs(cfg, "T5", arch=("encoder_decoder",)) + plain(cfg, "T5") + differs(
-        cfg, "T5", position=("t5_relative",), norm=("rmsnorm",), norm_placement=("pre",), bias=(False,),
-        qkv_bias=(None, False), attn_scale=(1.0,), ffn=("relu", "gelu", "geglu", "swiglu"))
+    problems = (
+        differs(cfg, "T5", arch=("encoder_decoder",))
+        + plain(cfg, "T5")
+        + differs(
+            cfg,
+            "T5",
+            position=("t5_relative",),
+            norm=("rmsnorm",),
+            norm_placement=("pre",),
+            bias=(False,),
+            qkv_bias=(None, False),
+            attn_scale=(1.0,),
+            ffn=("relu", "gelu", "geglu", "swiglu"),
+        )
+    )
     if cfg.resolved_n_kv_heads != cfg.n_heads:
         problems.append(f"n_kv_heads={cfg.n_kv_heads} (T5 has one key/value head per query head)")
     if cfg.ffn == "geglu" and cfg.gelu_approximate != "tanh":
         problems.append("gelu_approximate=none with ffn=geglu (T5's gated GELU is the tanh approximation)")
     if cfg.logit_scale not in (1.0, cfg.d_model**-0.5 if cfg.tie_embeddings else 1.0):
-        problems.append(f"logit_scale={cfg.logit_scale} with tie_embeddings={cfg.tie_embeddings} (T5 scales by "
-                        "d_model**-0.5 only with a tied head)")
+        problems.append(
+            f"logit_scale={cfg.logit_scale} with tie_embeddings={cfg.tie_embeddings} (T5 scales by "
+            "d_model**-0.5 only with a tied head)"
+        )
     return problems
 
 
 def _t5_write(cfg: ModelConfig) -> dict[str, Any]:
     gated = FFN.get(cfg.ffn, field="ffn").gated
     act = "silu" if cfg.ffn == "swiglu" else _gelu_name(cfg)
-    return {"d_model": cfg.d_model, "d_kv": cfg.resolved_head_dim, "d_ff": cfg.resolved_d_ff,
-            "num_layers": cfg.resolved_n_encoder_layers, "num_decoder_layers": cfg.resolved_n_decoder_layers,
-            "num_heads": cfg.n_heads, "relative_attention_num_buckets": cfg.rel_buckets,
-            "relative_attention_max_distance": cfg.rel_max_distance, "vocab_size": cfg.vocab_size,
-            "feed_forward_proj": "gated-gelu" if gated and act == "gelu_new" else f"{'gated-' if gated else ''}{act}",
-            "layer_norm_epsilon": cfg.norm_eps, "dropout_rate": cfg.dropout,
-            "initializer_factor": cfg.init_std * cfg.d_model**0.5, "is_encoder_decoder": True,
-            "tie_word_embeddings": cfg.tie_embeddings, "scale_decoder_outputs": cfg.tie_embeddings,
-            "decoder_start_token_id": cfg.decoder_start_token_id, **ids(cfg)}
+    return {
+        "d_model": cfg.d_model,
+        "d_kv": cfg.resolved_head_dim,
+        "d_ff": cfg.resolved_d_ff,
+        "num_layers": cfg.resolved_n_encoder_layers,
+        "num_decoder_layers": cfg.resolved_n_decoder_layers,
+        "num_heads": cfg.n_heads,
+        "relative_attention_num_buckets": cfg.rel_buckets,
+        "relative_attention_max_distance": cfg.rel_max_distance,
+        "vocab_size": cfg.vocab_size,
+        "feed_forward_proj": "gated-gelu" if gated and act == "gelu_new" else f"{'gated-' if gated else ''}{act}",
+        "layer_norm_epsilon": cfg.norm_eps,
+        "dropout_rate": cfg.dropout,
+        "initializer_factor": cfg.init_std * cfg.d_model**0.5,
+        "is_encoder_decoder": True,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "scale_decoder_outputs": cfg.tie_embeddings,
+        "decoder_start_token_id": cfg.decoder_start_token_id,
+        **ids(cfg),
+    }
 
 
 def _bert_class(cfg: ModelConfig, classifier: bool) -> HFClass:
@@ -290,27 +424,91 @@ def lm_class(name: str) -> Callable[[ModelConfig, bool], HFClass | None]:
 
 
 # ---- the records -----------------------------------------------------------------------------------------
-FAMILIES.register("bert")(Family(
-    _bert_config, _bert_weights, backbone=("embeddings", "encoder", "pooler"), prefix="bert",
-    defaults={"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-              "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-              "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
-              "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0},
-    write_config=_bert_write, unfit=_bert_unfit, ignored=BUFFERS, architecture=_bert_class))
-FAMILIES.register("gpt2")(Family(
-    _gpt2_config, _gpt2_weights, backbone=("wte", "wpe", "h", "ln_f"), prefix="transformer",
-    defaults={"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
-              "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1,
-              "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-              "scale_attn_weights": True, "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True},
-    write_config=_gpt2_write, unfit=_gpt2_unfit, ignored=BUFFERS,
-    architecture=lm_class("GPT2LMHeadModel")))
-FAMILIES.register("t5")(Family(
-    _t5_config, _t5_weights, backbone=("shared", "encoder", "decoder"), prefix="transformer",
-    defaults={"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
-              "num_decoder_layers": None, "num_heads": 8, "relative_attention_num_buckets": 32,
-              "relative_attention_max_distance": 128, "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6,
-              "initializer_factor": 1.0, "feed_forward_proj": "relu", "tie_word_embeddings": True,
-              "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0},
-    write_config=_t5_write, unfit=_t5_unfit, ignored=BUFFERS,
-    architecture=_t5_class))
+FAMILIES.register("bert")(
+    Family(
+        _bert_config,
+        _bert_weights,
+        backbone=("embeddings", "encoder", "pooler"),
+        prefix="bert",
+        defaults={
+            "vocab_size": 30522,
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "initializer_range": 0.02,
+            "layer_norm_eps": 1e-12,
+            "pad_token_id": 0,
+        },
+        write_config=_bert_write,
+        unfit=_bert_unfit,
+        ignored=BUFFERS,
+        architecture=_bert_class,
+    )
+)
+FAMILIES.register("gpt2")(
+    Family(
+        _gpt2_config,
+        _gpt2_weights,
+        backbone=("wte", "wpe", "h", "ln_f"),
+        prefix="transformer",
+        defaults={
+            "vocab_size": 50257,
+            "n_positions": 1024,
+            "n_embd": 768,
+            "n_layer": 12,
+            "n_head": 12,
+            "n_inner": None,
+            "activation_function": "gelu_new",
+            "resid_pdrop": 0.1,
+            "embd_pdrop": 0.1,
+            "attn_pdrop": 0.1,
+            "layer_norm_epsilon": 1e-5,
+            "initializer_range": 0.02,
+            "scale_attn_weights": True,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+            "tie_word_embeddings": True,
+        },
+        write_config=_gpt2_write,
+        unfit=_gpt2_unfit,
+        ignored=BUFFERS,
+        architecture=lm_class("GPT2LMHeadModel"),
+    )
+)
+FAMILIES.register("t5")(
+    Family(
+        _t5_config,
+        _t5_weights,
+        backbone=("shared", "encoder", "decoder"),
+        prefix="transformer",
+        defaults={
+            "vocab_size": 32128,
+            "d_model": 512,
+            "d_kv": 64,
+            "d_ff": 2048,
+            "num_layers": 6,
+            "num_decoder_layers": None,
+            "num_heads": 8,
+            "relative_attention_num_buckets": 32,
+            "relative_attention_max_distance": 128,
+            "dropout_rate": 0.1,
+            "layer_norm_epsilon": 1e-6,
+            "initializer_factor": 1.0,
+            "feed_forward_proj": "relu",
+            "tie_word_embeddings": True,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "decoder_start_token_id": 0,
+        },
+        write_config=_t5_write,
+        unfit=_t5_unfit,
+        ignored=BUFFERS,
+        architecture=_t5_class,
+    )
+)

@@ -18,14 +18,34 @@ from torch import Tensor
 from zoo.hf.mapping import FAMILIES
 from zoo.io import CheckpointError, load_weights_file
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")  # org/name, as the hub spells repo ids
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}  # safetensors' dtype names (others read as uint8: no weights either way)
-HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
-             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}  # safetensors' dtype names (others read as uint8: no weights either way)
+HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+]
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
@@ -44,8 +64,9 @@ def resolve(source: str | os.PathLike) -> Path:
     path) downloaded through ``huggingface_hub`` into its cache (config, safetensors and tokenizer
     files only). A Path is always local. Offline, a hub id fails with a CheckpointError saying so."""
     text = os.fspath(source)
-    hub = text.startswith("hf:") or (isinstance(source, str) and REPO_ID.fullmatch(text) is not None
-                                     and not Path(text).exists())
+    hub = text.startswith("hf:") or (
+        isinstance(source, str) and REPO_ID.fullmatch(text) is not None and not Path(text).exists()
+    )
     if not hub:
         return Path(text)
     repo = text.removeprefix("hf:")
@@ -58,8 +79,10 @@ def resolve(source: str | os.PathLike) -> Path:
     except Exception as error:  # offline, no such repo, gated: the hub's own message says which
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         local = "" if text.startswith("hf:") else " It is no local folder either."
-        raise CheckpointError(f"{text}: the hub model cannot be fetched ({reason}); check the repo id and that this "
-                              f"machine is online, or pass the path of a downloaded folder.{local}") from error
+        raise CheckpointError(
+            f"{text}: the hub model cannot be fetched ({reason}); check the repo id and that this "
+            f"machine is online, or pass the path of a downloaded folder.{local}"
+        ) from error
 
 
 def read_config(folder: Path) -> SimpleNamespace:
@@ -67,8 +90,10 @@ def read_config(folder: Path) -> SimpleNamespace:
     the family reads of the type transformers writes (a CheckpointError names the first that is not)."""
     path = folder / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{folder}: no config.json; point at a Hugging Face model folder (config.json + "
-                              "model.safetensors), as save_pretrained writes it")
+        raise CheckpointError(
+            f"{folder}: no config.json; point at a Hugging Face model folder (config.json + "
+            "model.safetensors), as save_pretrained writes it"
+        )
     try:
         values = json.loads(path.read_text())
     except (OSError, ValueError) as error:
@@ -77,8 +102,10 @@ def read_config(folder: Path) -> SimpleNamespace:
         raise CheckpointError(f"{path}: holds a JSON {type(values).__name__}, not a model config; restore the file")
     model_type = values.get("model_type")
     if model_type not in FAMILIES:
-        raise CheckpointError(f"{path}: model_type={repr(model_type)[:60]} is not a family zoo reads; supported: "
-                              f"{', '.join(FAMILIES.names())}")
+        raise CheckpointError(
+            f"{path}: model_type={repr(model_type)[:60]} is not a family zoo reads; supported: "
+            f"{', '.join(FAMILIES.names())}"
+        )
     defaults = FAMILIES.get(model_type).defaults
     for key, value in values.items():
         check_value(path, key, value, defaults.get(key))
@@ -100,9 +127,11 @@ def weight_files(folder: Path) -> list[Path]:
         raise CheckpointError(f"{index}: not a weight index ({error}); restore the file") from error
     for shard in shards:
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", "..") or "\0" in shard:
-            raise CheckpointError(f"{index}: names the shard {_shown(shard)}, which is not a file beside the index "
-                                  f"(an index names its shards by plain file names); nothing was read: restore the "
-                                  f"index saved with the shards")
+            raise CheckpointError(
+                f"{index}: names the shard {_shown(shard)}, which is not a file beside the index "
+                f"(an index names its shards by plain file names); nothing was read: restore the "
+                f"index saved with the shards"
+            )
     return [folder / shard for shard in sorted(shards)]
 
 
@@ -139,8 +168,10 @@ def _header(path: Path) -> dict[str, Tensor]:
     try:
         with safe_open(str(path), framework="pt") as f:
             slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
-            return {name: torch.empty(s.get_shape(), dtype=DTYPES.get(s.get_dtype(), torch.uint8), device="meta")
-                    for name, s in slices.items()}
+            return {
+                name: torch.empty(s.get_shape(), dtype=DTYPES.get(s.get_dtype(), torch.uint8), device="meta")
+                for name, s in slices.items()
+            }
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error}); restore it") from error
 
@@ -165,16 +196,43 @@ def _read_file(path: Path) -> dict[str, Tensor]:
 
 # ---- the types of config.json's values ------------------------------------------------------------------
 OPTIONAL_INTS = ("n_inner", "num_decoder_layers", "num_key_value_heads", "head_dim", "sliding_window")
-FLAGS = ("tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention",
-         "is_decoder", "attention_bias", "mlp_bias", "use_sliding_window", "scale_decoder_outputs",
-         "is_encoder_decoder")
-ROPE = {"rope_theta": "number", "factor": "number", "partial_rotary_factor": "number?", "rope_type": "text",
-        "type": "text"}
-KINDS = {"rope_parameters": "mapping?", "rope_scaling": "mapping?", "layer_types": "texts?",
-         "partial_rotary_factor": "number?", "max_window_layers": "integer", "position_embedding_type": "text",
-         "model_type": "text"}
-WHAT = {"integer": "an integer", "number": "a number", "flag": "true or false", "text": "a string",
-        "mapping": "an object", "texts": "a list of strings", "token": "a token id (an integer or a list of them)"}
+FLAGS = (
+    "tie_word_embeddings",
+    "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx",
+    "add_cross_attention",
+    "is_decoder",
+    "attention_bias",
+    "mlp_bias",
+    "use_sliding_window",
+    "scale_decoder_outputs",
+    "is_encoder_decoder",
+)
+ROPE = {
+    "rope_theta": "number",
+    "factor": "number",
+    "partial_rotary_factor": "number?",
+    "rope_type": "text",
+    "type": "text",
+}
+KINDS = {
+    "rope_parameters": "mapping?",
+    "rope_scaling": "mapping?",
+    "layer_types": "texts?",
+    "partial_rotary_factor": "number?",
+    "max_window_layers": "integer",
+    "position_embedding_type": "text",
+    "model_type": "text",
+}
+WHAT = {
+    "integer": "an integer",
+    "number": "a number",
+    "flag": "true or false",
+    "text": "a string",
+    "mapping": "an object",
+    "texts": "a list of strings",
+    "token": "a token id (an integer or a list of them)",
+}
 
 
 def kind_of(key: str, default: Any) -> str | None:
@@ -221,8 +279,9 @@ def _fits(kind: str, value: Any) -> bool:
 
 def _refuse(path: Path, key: str, value: Any, kind: str) -> None:
     what = WHAT[kind.rstrip("?")] + (" or null" if kind.endswith("?") else "")
-    raise CheckpointError(f"{path}: {key}={_shown(value)} is not {what}; correct it, or use the config.json saved "
-                          f"with these weights")
+    raise CheckpointError(
+        f"{path}: {key}={_shown(value)} is not {what}; correct it, or use the config.json saved with these weights"
+    )
 
 
 def _shown(value: Any, limit: int = 60) -> str:

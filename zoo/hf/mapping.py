@@ -109,9 +109,16 @@ class Importer(Mapper):
 
     importing = True
 
-    def __init__(self, tensors: Mapping[str, Tensor], base: str, owner: str, *,
-                 expected: Mapping[str, tuple[int, ...]] | None = None, fields: Mapping[str, Any] | None = None,
-                 files: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tensors: Mapping[str, Tensor],
+        base: str,
+        owner: str,
+        *,
+        expected: Mapping[str, tuple[int, ...]] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        files: Mapping[str, str] | None = None,
+    ) -> None:
         self.params, self.base, self.owner = dict(tensors), base, owner
         self.expected, self.fields, self.files = dict(expected or {}), dict(fields or {}), dict(files or {})
         self.used: set[str] = set()
@@ -121,13 +128,16 @@ class Importer(Mapper):
         """A detached copy of tensor ``name`` (a full name, base prefix included), checked to be
         floating point and of ``shape`` (HF's layout) when given."""
         if name not in self.params:
-            raise CheckpointError(f"zoo.from_hf: {self.owner} has no parameter {name!r}; the weights do not match "
-                                  "its config.json")
+            raise CheckpointError(
+                f"zoo.from_hf: {self.owner} has no parameter {name!r}; the weights do not match its config.json"
+            )
         tensor = self.params[name]
         if tensor.dtype not in FLOATS:
-            raise CheckpointError(f"{self.files.get(name, self.owner)}: {name} holds {str(tensor.dtype)[6:]} values; "
-                                  f"a model's weights are floating point (float32, float16, bfloat16): the file is "
-                                  f"damaged or holds no weights")
+            raise CheckpointError(
+                f"{self.files.get(name, self.owner)}: {name} holds {str(tensor.dtype)[6:]} values; "
+                f"a model's weights are floating point (float32, float16, bfloat16): the file is "
+                f"damaged or holds no weights"
+            )
         if shape is not None and tuple(tensor.shape) != tuple(shape):
             raise CheckpointError(self._misfit(name, tuple(tensor.shape), tuple(shape)))
         self.used.add(name)
@@ -140,14 +150,21 @@ class Importer(Mapper):
     def _misfit(self, name: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
         where = self.files.get(name, self.owner)
         if len(got) == 2 and got == want[::-1]:
-            return (f"{where}: {name} is stored transposed (shape {got}; config.json's sizes make it {want}); the "
-                    f"file is damaged or was not written by transformers: use the folder's original weights")
+            return (
+                f"{where}: {name} is stored transposed (shape {got}; config.json's sizes make it {want}); the "
+                f"file is damaged or was not written by transformers: use the folder's original weights"
+            )
         differ = {w for g, w in zip(got, want, strict=False) if g != w} if len(got) == len(want) else set(want)
-        named = [f"{key}={value}" for key, value in self.fields.items()
-                 if type(value) is int and value in differ and not key.endswith("_token_id")]
+        named = [
+            f"{key}={value}"
+            for key, value in self.fields.items()
+            if type(value) is int and value in differ and not key.endswith("_token_id")
+        ]
         by = f"config.json's {', '.join(named)}" if named else "config.json's sizes"
-        return (f"{where}: {name} has shape {got} but {by} make{'s' if len(named) == 1 else ''} it {want}; "
-                f"config.json and the weights come from different models: use the config.json saved with them")
+        return (
+            f"{where}: {name} has shape {got} but {by} make{'s' if len(named) == 1 else ''} it {want}; "
+            f"config.json and the weights come from different models: use the config.json saved with them"
+        )
 
     def tied(self, a: str, b: str) -> bool:
         """Whether two parameters are one tensor (tied weights); meta tensors only when they are the same object."""
@@ -164,8 +181,10 @@ class Importer(Mapper):
         for suffix in ("weight", "bias") if bias else ("weight",):
             whole = self._want(f"{zoo}.{suffix}")
             rows = list(sizes) if sizes else [whole[0] // len(hfs)] * len(hfs) if whole else [None] * len(hfs)
-            parts = [self.take(f"{hf}.{suffix}", None if whole is None else (n, *whole[1:]))
-                     for hf, n in zip(hfs, rows, strict=True)]
+            parts = [
+                self.take(f"{hf}.{suffix}", None if whole is None else (n, *whole[1:]))
+                for hf, n in zip(hfs, rows, strict=True)
+            ]
             self.out[f"{zoo}.{suffix}"] = torch.cat(parts)  # (sum out, in)
 
     def tensor(self, zoo: str, hf: Sequence[str]) -> None:
@@ -181,8 +200,11 @@ class Importer(Mapper):
         copy it. A model without an LM head gets zoo's tied one (its outputs before the head are exact)."""
         if "lm_head.weight" not in self.params:
             if not cfg.tie_embeddings:
-                warnings.warn(f"zoo.from_hf: {self.owner} has no lm_head and its config does not tie it; zoo's "
-                              "LM head is tied to the embeddings, so only hidden states match", stacklevel=4)
+                warnings.warn(
+                    f"zoo.from_hf: {self.owner} has no lm_head and its config does not tie it; zoo's "
+                    "LM head is tied to the embeddings, so only hidden states match",
+                    stacklevel=4,
+                )
             return cfg.replace(tie_embeddings=True)
         if self.tied("lm_head.weight", embedding):
             self.used.add("lm_head.weight")
@@ -195,8 +217,9 @@ class Importer(Mapper):
             return
         a, b = self.params[hf], self.params[embedding]
         if not (self.tied(hf, embedding) or a.is_meta or (a.shape == b.shape and torch.equal(a, b))):
-            raise CheckpointError(f"zoo.from_hf: {what} is not tied to the word embeddings; zoo's head always uses "
-                                  "the embedding matrix")
+            raise CheckpointError(
+                f"zoo.from_hf: {what} is not tied to the word embeddings; zoo's head always uses the embedding matrix"
+            )
         self.used.add(hf)
 
     def check_leftovers(self, backbone: tuple[str, ...], ignored: tuple[str, ...]) -> None:
@@ -204,16 +227,24 @@ class Importer(Mapper):
         layers than the weights hold (an error); unused ones outside the backbone are a task head
         that zoo's library model leaves out (a warning)."""
         taken = {_identity(self.params[n]) for n in self.used}
-        names = [n for n, t in self.params.items() if n not in self.used and _identity(t) not in taken
-                 and not n.endswith(ignored)]
+        names = [
+            n
+            for n, t in self.params.items()
+            if n not in self.used and _identity(t) not in taken and not n.endswith(ignored)
+        ]
         weights = [n for n in names if n.removeprefix(self.base).split(".")[0] in backbone]
         if weights:
-            raise CheckpointError(f"zoo.from_hf: {self.owner} has backbone weights zoo cannot place: {weights[:8]}; "
-                                  f"its config.json describes fewer layers or parts than the weights hold")
+            raise CheckpointError(
+                f"zoo.from_hf: {self.owner} has backbone weights zoo cannot place: {weights[:8]}; "
+                f"its config.json describes fewer layers or parts than the weights hold"
+            )
         if names:
             heads = sorted({n.rsplit(".", 1)[0] for n in names})
-            warnings.warn(f"zoo.from_hf: {self.owner}'s task head ({', '.join(heads)}) is not part of zoo's "
-                          "library model and was left out; tasks build their own heads", stacklevel=3)
+            warnings.warn(
+                f"zoo.from_hf: {self.owner}'s task head ({', '.join(heads)}) is not part of zoo's "
+                "library model and was left out; tasks build their own heads",
+                stacklevel=3,
+            )
 
 
 def _identity(tensor: Tensor) -> tuple[Any, ...]:
@@ -272,8 +303,9 @@ def activation(name: str, *, gated: bool, field: str) -> dict[str, str]:
     if name in ("silu", "swish") and gated:
         return {"ffn": "swiglu"}
     supported = ", ".join([*GELU, "silu"] if gated else ["relu", *GELU])
-    raise ValueError(f"{field}: activation {name!r} ({'gated' if gated else 'not gated'}) has no zoo FFN; "
-                     f"supported: {supported}")
+    raise ValueError(
+        f"{field}: activation {name!r} ({'gated' if gated else 'not gated'}) has no zoo FFN; supported: {supported}"
+    )
 
 
 def token_id(c: Any, name: str) -> int | None:
@@ -285,8 +317,9 @@ def token_id(c: Any, name: str) -> int | None:
     if value is None:
         return None
     if not 0 <= value < c.vocab_size:
-        warnings.warn(f"zoo.from_hf_config: {name}={value} lies outside vocab_size={c.vocab_size}; "
-                      "left unset", stacklevel=4)
+        warnings.warn(
+            f"zoo.from_hf_config: {name}={value} lies outside vocab_size={c.vocab_size}; left unset", stacklevel=4
+        )
         return None
     return int(value)
 

@@ -24,15 +24,19 @@ def _rope(c: Any) -> dict[str, Any]:
         return {"rope_base": base}
     if kind == "linear":
         return {"rope_base": base, "rope_scaling": "linear", "rope_scaling_factor": float(params["factor"])}
-    raise ValueError(f"rope_type={kind!r} is not supported; supported: 'default', 'linear' (zoo's 'ntk' is a "
-                     "fixed NTK-aware base, not HF's length-dependent 'dynamic')")
+    raise ValueError(
+        f"rope_type={kind!r} is not supported; supported: 'default', 'linear' (zoo's 'ntk' is a "
+        "fixed NTK-aware base, not HF's length-dependent 'dynamic')"
+    )
 
 
 def _llama_config(c: Any) -> ModelConfig:
     attention_bias, mlp_bias = getattr(c, "attention_bias", False), getattr(c, "mlp_bias", False)
     if attention_bias != mlp_bias:
-        raise ValueError(f"{c.model_type}: attention_bias={attention_bias} with mlp_bias={mlp_bias} has no zoo "
-                         "equivalent; zoo's bias covers the attention and FFN projections together")
+        raise ValueError(
+            f"{c.model_type}: attention_bias={attention_bias} with mlp_bias={mlp_bias} has no zoo "
+            "equivalent; zoo's bias covers the attention and FFN projections together"
+        )
     return _rope_decoder_config(c, bias=attention_bias, qkv_bias=None)
 
 
@@ -48,15 +52,18 @@ def _qwen2_config(c: Any) -> ModelConfig:
     cfg = _rope_decoder_config(c, bias=False, qkv_bias=True)
     window = c.sliding_window if getattr(c, "use_sliding_window", False) else None
     first, n = getattr(c, "max_window_layers", 0), c.num_hidden_layers
-    types = getattr(c, "layer_types", None) or ["sliding_attention" if i >= first else "full_attention"
-                                                for i in range(n)]
+    types = getattr(c, "layer_types", None) or [
+        "sliding_attention" if i >= first else "full_attention" for i in range(n)
+    ]
     sliding = sum(kind == "sliding_attention" for kind in types)
     if window is None or sliding == 0:
         return cfg
     if sliding < n:
-        raise ValueError(f"qwen2: max_window_layers={first} (layer_types={list(types)}) mixes sliding-window and "
-                         f"full-attention layers, which is not supported: zoo has one mask for every layer. Use "
-                         f"max_window_layers=0 (all slide) or >= num_hidden_layers={n} (none)")
+        raise ValueError(
+            f"qwen2: max_window_layers={first} (layer_types={list(types)}) mixes sliding-window and "
+            f"full-attention layers, which is not supported: zoo has one mask for every layer. Use "
+            f"max_window_layers=0 (all slide) or >= num_hidden_layers={n} (none)"
+        )
     return _windowed(cfg, window)
 
 
@@ -71,14 +78,29 @@ def _rope_decoder_config(c: Any, *, bias: bool, qkv_bias: bool | None) -> ModelC
     d, h, head_dim = c.hidden_size, c.num_attention_heads, getattr(c, "head_dim", None)
     eos = token_id(c, "eos_token_id")
     return ModelConfig(
-        arch="decoder", vocab_size=c.vocab_size, d_model=d, n_layers=c.num_hidden_layers, n_heads=h,
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=d,
+        n_layers=c.num_hidden_layers,
+        n_heads=h,
         n_kv_heads=c.num_key_value_heads or h,
         head_dim=None if head_dim is None or (d % h == 0 and head_dim == d // h) else head_dim,
-        d_ff=c.intermediate_size, max_seq_len=c.max_position_embeddings, position="rope", **_rope(c),
-        norm="rmsnorm", norm_placement="pre", **activation(c.hidden_act, gated=True, field="hidden_act"),
-        bias=bias, qkv_bias=qkv_bias, tie_embeddings=c.tie_word_embeddings, norm_eps=c.rms_norm_eps,
-        dropout=0.0, attn_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
-        init_std=c.initializer_range, eos_token_id=eos, pad_token_id=first(token_id(c, "pad_token_id"), eos, 0),
+        d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings,
+        position="rope",
+        **_rope(c),
+        norm="rmsnorm",
+        norm_placement="pre",
+        **activation(c.hidden_act, gated=True, field="hidden_act"),
+        bias=bias,
+        qkv_bias=qkv_bias,
+        tie_embeddings=c.tie_word_embeddings,
+        norm_eps=c.rms_norm_eps,
+        dropout=0.0,
+        attn_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
+        init_std=c.initializer_range,
+        eos_token_id=eos,
+        pad_token_id=first(token_id(c, "pad_token_id"), eos, 0),
     )
 
 
@@ -90,8 +112,12 @@ def _llama_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
     for i in range(cfg.n_layers):
         z, h = f"decoder.blocks.{i}", f"{b}layers.{i}"
         w.copy(f"{z}.attn_res.norm", f"{h}.input_layernorm")
-        w.fuse(f"{z}.attn.qkv", [f"{h}.self_attn.{p}_proj" for p in "qkv"], bias=qkv_bias,
-               sizes=[cfg.n_heads * hd, kv * hd, kv * hd])
+        w.fuse(
+            f"{z}.attn.qkv",
+            [f"{h}.self_attn.{p}_proj" for p in "qkv"],
+            bias=qkv_bias,
+            sizes=[cfg.n_heads * hd, kv * hd, kv * hd],
+        )
         w.copy(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=cfg.bias)
         w.copy(f"{z}.ffn_res.norm", f"{h}.post_attention_layernorm")
         w.fuse(f"{z}.ffn.fc", [f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"], bias=cfg.bias)
@@ -100,11 +126,25 @@ def _llama_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
     return w.lm_head(cfg, f"{b}embed_tokens.weight")
 
 
-def _rope_decoder_unfit(cfg: ModelConfig, family: str, masks: tuple[str, ...] = (), **bias: tuple[Any, ...]
-                        ) -> list[str]:
-    return differs(cfg, family, arch=("decoder",)) + plain(cfg, family, masks) + differs(
-        cfg, family, position=("rope",), norm=("rmsnorm",), norm_placement=("pre",), ffn=("swiglu",),
-        rope_scaling=("none", "linear"), attn_scale=(None,), logit_scale=(1.0,), **bias)
+def _rope_decoder_unfit(
+    cfg: ModelConfig, family: str, masks: tuple[str, ...] = (), **bias: tuple[Any, ...]
+) -> list[str]:
+    return (
+        differs(cfg, family, arch=("decoder",))
+        + plain(cfg, family, masks)
+        + differs(
+            cfg,
+            family,
+            position=("rope",),
+            norm=("rmsnorm",),
+            norm_placement=("pre",),
+            ffn=("swiglu",),
+            rope_scaling=("none", "linear"),
+            attn_scale=(None,),
+            logit_scale=(1.0,),
+            **bias,
+        )
+    )
 
 
 def _llama_unfit(cfg: ModelConfig) -> list[str]:
@@ -127,13 +167,27 @@ def _llama_write(cfg: ModelConfig) -> dict[str, Any]:
     rope = {"rope_type": "default", "rope_theta": cfg.rope_base}
     if cfg.rope_scaling == "linear":
         rope = {"rope_type": "linear", "rope_theta": cfg.rope_base, "factor": cfg.rope_scaling_factor}
-    return {"hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.resolved_n_kv_heads, "head_dim": cfg.resolved_head_dim,
-            "intermediate_size": cfg.resolved_d_ff, "hidden_act": "silu", "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.max_seq_len or 2048, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_base, "rope_parameters": rope, "attention_bias": cfg.bias, "mlp_bias": cfg.bias,
-            "attention_dropout": attn_dropout(cfg), "initializer_range": cfg.init_std,
-            "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.eos_token_id, **ids(cfg)}
+    return {
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.resolved_n_kv_heads,
+        "head_dim": cfg.resolved_head_dim,
+        "intermediate_size": cfg.resolved_d_ff,
+        "hidden_act": "silu",
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len or 2048,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_base,
+        "rope_parameters": rope,
+        "attention_bias": cfg.bias,
+        "mlp_bias": cfg.bias,
+        "attention_dropout": attn_dropout(cfg),
+        "initializer_range": cfg.init_std,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": cfg.eos_token_id,
+        **ids(cfg),
+    }
 
 
 def _unbiased_write(cfg: ModelConfig) -> dict[str, Any]:
@@ -153,29 +207,83 @@ def _qwen2_write(cfg: ModelConfig) -> dict[str, Any]:
     return {**_unbiased_write(cfg), **(window if cfg.window is not None else {"use_sliding_window": False})}
 
 
-
 # ---- the records -----------------------------------------------------------------------------------------
-_LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                   "num_attention_heads": 32, "num_key_value_heads": None, "hidden_act": "silu",
-                   "max_position_embeddings": 2048, "initializer_range": 0.02, "rms_norm_eps": 1e-6,
-                   "tie_word_embeddings": False, "rope_theta": 10000.0, "attention_bias": False,
-                   "mlp_bias": False, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2}
-_MISTRAL_DEFAULTS = {**{k: v for k, v in _LLAMA_DEFAULTS.items() if k not in ("attention_bias", "mlp_bias")},
-                     "intermediate_size": 14336, "num_key_value_heads": 8, "head_dim": None,
-                     "max_position_embeddings": 4096 * 32, "sliding_window": 4096}
-_QWEN2_DEFAULTS = {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
-                   "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
-                   "max_window_layers": 28, "bos_token_id": None, "eos_token_id": None}
+_LLAMA_DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": None,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+_MISTRAL_DEFAULTS = {
+    **{k: v for k, v in _LLAMA_DEFAULTS.items() if k not in ("attention_bias", "mlp_bias")},
+    "intermediate_size": 14336,
+    "num_key_value_heads": 8,
+    "head_dim": None,
+    "max_position_embeddings": 4096 * 32,
+    "sliding_window": 4096,
+}
+_QWEN2_DEFAULTS = {
+    **_LLAMA_DEFAULTS,
+    "vocab_size": 151936,
+    "intermediate_size": 22016,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 28,
+    "bos_token_id": None,
+    "eos_token_id": None,
+}
 
-FAMILIES.register("llama")(Family(
-    _llama_config, _llama_weights, backbone=("embed_tokens", "layers", "norm"), prefix="model",
-    defaults=_LLAMA_DEFAULTS, write_config=_llama_write, unfit=_llama_unfit, ignored=BUFFERS,
-    architecture=lm_class("LlamaForCausalLM")))
-FAMILIES.register("mistral")(Family(
-    _mistral_config, _llama_weights, backbone=("embed_tokens", "layers", "norm"), prefix="model",
-    defaults=_MISTRAL_DEFAULTS, write_config=_mistral_write, unfit=_mistral_unfit, ignored=BUFFERS,
-    architecture=lm_class("MistralForCausalLM")))
-FAMILIES.register("qwen2")(Family(
-    _qwen2_config, _llama_weights, backbone=("embed_tokens", "layers", "norm"), prefix="model",
-    defaults=_QWEN2_DEFAULTS, write_config=_qwen2_write, unfit=_qwen2_unfit, ignored=BUFFERS,
-    architecture=lm_class("Qwen2ForCausalLM")))
+FAMILIES.register("llama")(
+    Family(
+        _llama_config,
+        _llama_weights,
+        backbone=("embed_tokens", "layers", "norm"),
+        prefix="model",
+        defaults=_LLAMA_DEFAULTS,
+        write_config=_llama_write,
+        unfit=_llama_unfit,
+        ignored=BUFFERS,
+        architecture=lm_class("LlamaForCausalLM"),
+    )
+)
+FAMILIES.register("mistral")(
+    Family(
+        _mistral_config,
+        _llama_weights,
+        backbone=("embed_tokens", "layers", "norm"),
+        prefix="model",
+        defaults=_MISTRAL_DEFAULTS,
+        write_config=_mistral_write,
+        unfit=_mistral_unfit,
+        ignored=BUFFERS,
+        architecture=lm_class("MistralForCausalLM"),
+    )
+)
+FAMILIES.register("qwen2")(
+    Family(
+        _qwen2_config,
+        _llama_weights,
+        backbone=("embed_tokens", "layers", "norm"),
+        prefix="model",
+        defaults=_QWEN2_DEFAULTS,
+        write_config=_qwen2_write,
+        unfit=_qwen2_unfit,
+        ignored=BUFFERS,
+        architecture=lm_class("Qwen2ForCausalLM"),
+    )
+)
