@@ -316,7 +316,11 @@ def _base_state(ref: dict[str, Any], map_location: Any, seen: frozenset[str]) ->
     base = ref["source"]
     if ref["format"] in ("hf", "gguf"):  # a pretrained model's own files: read as init_from read them
         try:
-            model = zoo.from_gguf(base, dtype=torch.float32) if ref["format"] == "gguf" else zoo.from_hf(base)
+            model = (
+                zoo.from_gguf(base, dtype=torch.float32)
+                if ref["format"] == "gguf"
+                else zoo.from_hf(base, dtype=torch.float32)
+            )
         except ValueError as error:  # CheckpointError (a missing or damaged file) included: it names the file
             raise zoo.CheckpointError(
                 f"the base {base} of an adapter-only checkpoint cannot be read ({' '.join(str(error).split())[:200]})"

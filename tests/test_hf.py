@@ -161,8 +161,12 @@ def test_gpt2_base_model_features():
 
 def test_dtype_and_copy():
     hf = _build(transformers.GPT2LMHeadModel, _gpt2_config()).to(torch.bfloat16)
-    model = zoo.from_hf(hf)
+    assert zoo.hf.stored_dtypes(hf) == {torch.bfloat16}
+    assert {p.dtype for p in zoo.from_hf(hf).parameters()} == {torch.float32}  # float32 unless told
+    model = zoo.from_hf(hf, dtype=None)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="floating dtype"):
+        zoo.from_hf(hf, dtype=torch.int8)
     hf_storage = {p.data_ptr() for p in hf.parameters()}
     assert not any(p.data_ptr() in hf_storage for p in model.parameters()), "zoo must own its weights"
 

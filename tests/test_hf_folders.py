@@ -195,12 +195,19 @@ def test_sharded_folder(tmp_path):
     _same_state(model, zoo.from_hf(hf))
 
 
-def test_bf16_folder_keeps_its_dtype(tmp_path):
+def test_bf16_folder_reads_as_float32_unless_told(tmp_path):
     hf = HF["llama_gqa"].build(1.0).to(torch.bfloat16)
     hf.save_pretrained(tmp_path)
+    assert zoo.hf.stored_dtypes(tmp_path) == {torch.bfloat16}
     model = _silent_from_hf(tmp_path)
-    assert {t.dtype for t in model.state_dict().values()} == {torch.bfloat16}
-    _same_state(model, zoo.from_hf(hf))
+    assert {t.dtype for t in model.state_dict().values() if t.is_floating_point()} == {torch.float32}
+    kept = zoo.from_hf(tmp_path, dtype=None)
+    assert {t.dtype for t in kept.state_dict().values() if t.is_floating_point()} == {torch.bfloat16}
+    _same_state(kept, zoo.from_hf(hf, dtype=None))
+    _same_state(model, kept.float())  # the cast is exact: bf16 values are float32 values
+    from tasks.cli.pretrained import pretrained_source
+
+    assert pretrained_source(str(tmp_path)).loaded() == ", bfloat16 weights read as float32"  # init_from's line
 
 
 # ---- 2. config defaults -------------------------------------------------------------------------------
@@ -673,7 +680,7 @@ def test_bf16_model_writes_bf16(tmp_path):
     zoo.hf.to_hf(model, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert {t.dtype for t in load_file(tmp_path / "out" / "model.safetensors").values()} == {torch.bfloat16}
-    _same_state(model, zoo.from_hf(tmp_path / "out"))
+    _same_state(model, zoo.from_hf(tmp_path / "out", dtype=None))
 
 
 # ---- 4. round trip ------------------------------------------------------------------------------------

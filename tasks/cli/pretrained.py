@@ -83,7 +83,11 @@ class HFFolder(PretrainedSource):
         return zoo.hf.resolve(init_from)  # hf:<repo> fetched into the hub cache
 
     def model(self) -> zoo.ZooModel:
-        return zoo.from_hf(self.path)
+        return zoo.from_hf(self.path, dtype=torch.float32)
+
+    def loaded(self) -> str:
+        stored = sorted(str(t).removeprefix("torch.") for t in zoo.hf.stored_dtypes(self.path) - {torch.float32})
+        return f", {'/'.join(stored)} weights read as float32" if stored else ""
 
     def tokenizer(self) -> tuple[Tokenizer, Specials]:
         return read_hf_tokenizer(self.path)

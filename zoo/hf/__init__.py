@@ -42,6 +42,7 @@ __all__ = [
     "hf_exportable",
     "is_hf_folder",
     "resolve",
+    "stored_dtypes",
     "to_hf",
 ]
 
@@ -67,9 +68,11 @@ def from_hf_config(hf_config: Any) -> ModelConfig:
     return FAMILIES.get(model_type).config(hf_config).validate()
 
 
-def from_hf(source: nn.Module | str | os.PathLike) -> ZooModel:
+def from_hf(source: nn.Module | str | os.PathLike, *, dtype: torch.dtype | None = torch.float32) -> ZooModel:
     """The zoo model computing what a HF model computes, in eval mode, its weights loaded with
-    ``load_state_dict(strict=True)`` in their own dtype.
+    ``load_state_dict(strict=True)`` and cast to ``dtype``: float32 unless told (a bf16 folder's
+    logits are about 0.5 away from its float32 ones); ``dtype=None`` keeps each tensor's stored dtype
+    (:func:`stored_dtypes` says which those are).
 
     ``source`` is a loaded ``transformers`` model (weights copied, same device), a folder as
     ``save_pretrained`` writes it (config.json + model.safetensors, sharded safetensors or
@@ -82,6 +85,24 @@ def from_hf(source: nn.Module | str | os.PathLike) -> ZooModel:
     its index names only shards beside it, and every tensor's shape and dtype (from the safetensors
     headers) fit the model config.json describes; else a CheckpointError names the file and field.
     """
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype}: zoo.from_hf casts weights to a floating dtype (or dtype=None keeps them)")
+    return _from_hf(source).to(dtype) if dtype is not None else _from_hf(source)
+
+
+def stored_dtypes(source: nn.Module | str | os.PathLike) -> set[torch.dtype]:
+    """The floating dtypes a HF model or folder stores its weights in (a folder: read from the
+    safetensors headers or, for pytorch_model.bin, from the weights), before :func:`from_hf` casts them."""
+    if isinstance(source, nn.Module):
+        tensors = dict(source.named_parameters())
+    else:
+        files = weight_files(resolve(source))
+        tensors = tensor_headers(files)[0]
+    return {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
+
+
+def _from_hf(source: nn.Module | str | os.PathLike) -> ZooModel:
+    """:func:`from_hf` in the dtypes the weights are stored in."""
     if isinstance(source, nn.Module):
         prefix = "" if getattr(source, "base_model", source) is source else source.base_model_prefix
         tensors = dict(source.named_parameters(remove_duplicate=False))
