@@ -188,7 +188,7 @@ def test_the_mask_needs_a_window():
 
 @pytest.mark.parametrize("mask", [None, "causal", "prefix"])
 def test_a_window_without_the_mask_is_refused(mask):
-    with pytest.raises(zoo.ConfigError, match="window=4 is read by mask='sliding_window' or 'document' only"):
+    with pytest.raises(zoo.ConfigError, match="window=4 is read by mask=document or mask=sliding_window only"):
         tiny_config(mask=mask, window=4).validate()
 
 

@@ -7,11 +7,11 @@ import difflib
 import functools
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zoo.registry import ARCH, ATTENTION, FFN, MASK, NORM, NORM_PLACEMENT, POSITION, ConfigError
+from zoo.registry import ARCH, ATTENTION, FFN, MASK, NORM, NORM_PLACEMENT, POSITION, REGISTRIES, ConfigError, readers
 
 if TYPE_CHECKING:
     from zoo.models import ZooModel
@@ -23,6 +23,10 @@ class ModelConfig:
 
     Fields left as ``None`` are resolved by the ``resolved_*`` properties below; the config is never
     mutated, so it round-trips through ``asdict``/``from_dict`` unchanged.
+
+    Component settings (``rope_base``, ``window``, ``rel_buckets``...) are read by some components
+    only, each declaring them in its ``reads`` class attribute (``zoo.registry.readers``). One set away
+    from its default that no chosen component reads is refused by ``validate``, never ignored.
     """
 
     # form and sizes
@@ -103,6 +107,11 @@ class ModelConfig:
         """The self-attention mask of the main stack (the encoder's in encoder_decoder)."""
         return self.form.natural_mask if self.mask is None else self.mask
 
+    def choices(self) -> dict[str, str]:
+        """Each component family, a field of the same name, -> the registered name chosen (``mask``
+        resolved to the form's own where it is None)."""
+        return {family: self.resolved_mask if family == "mask" else getattr(self, family) for family in REGISTRIES}
+
     @property
     def form(self) -> type[ZooModel]:
         """The class registered as ``arch`` (zoo.models). It says what differs between the forms:
@@ -112,14 +121,18 @@ class ModelConfig:
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
-        """Build from plain data (config.json, a checkpoint, a YAML file). An unknown key, or a value
+        """Build from stored data (config.json, a checkpoint, a YAML file). An unknown key, or a value
         of the wrong type for its field (as the dataclass annotates it), is a ConfigError. An int is
         taken for a float field (JSON writes 10000.0 as it likes); a float, even 4.0, is refused for an
-        int field, and so is a bool: a size written as 4.0 or true is a mistake to show, not to guess."""
+        int field, and so is a bool: a size written as 4.0 or true is a mistake to show, not to guess.
+
+        Lenient where composition is strict: a component setting that no chosen component reads (a
+        checkpoint written before ``validate`` refused them, e.g. ``rope_base`` beside ``position=alibi``)
+        is reset to its default without a word, as the model that stored it never read it either."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"the model config must map field names to values, not be a {type(values).__name__}")
         _check_fields(values)
-        return cls(**{name: _typed(name, value) for name, value in values.items()})
+        return cls(**{name: _typed(name, value) for name, value in values.items()}).without_ignored()
 
     def replace(self, **overrides: Any) -> ModelConfig:
         _check_fields(overrides)
@@ -127,6 +140,44 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    # ---- component settings ----------------------------------------------------------------------
+    def ignored_settings(self) -> dict[str, list[tuple[str, str]]]:
+        """Each component setting away from its default that no chosen component reads -> (family,
+        name) of the registered components that would read it. Raises ConfigError for an unknown name."""
+        chosen = self.choices()
+        for family, name in chosen.items():
+            REGISTRIES[family].get(name, field=family)
+        defaults = _defaults()
+        return {
+            field: who
+            for field, who in readers().items()
+            if getattr(self, field) != defaults[field] and all(chosen[family] != name for family, name in who)
+        }
+
+    def without_ignored(self, *, keep: Collection[str] = ()) -> ModelConfig:
+        """This config with each setting that ``ignored_settings`` names back at its default, but for
+        the fields in ``keep`` (a user's overrides: ``validate`` refuses those). Unknown component names
+        leave it as it is, for ``validate`` to name."""
+        try:
+            ignored = self.ignored_settings()
+        except ConfigError:
+            return self
+        reset = {field: _defaults()[field] for field in ignored if field not in keep}
+        return dataclasses.replace(self, **reset) if reset else self
+
+    def _check_settings_read(self) -> None:
+        ignored = self.ignored_settings()
+        if not ignored:
+            return
+        field, who = next(iter(ignored.items()))
+        chosen = self.choices()
+        wanted = _either([f"{family}={name}" for family, name in who])
+        ignoring = [f"{family}={chosen[family]}" for family in dict.fromkeys(family for family, _ in who)]
+        raise ConfigError(
+            f"{field}={getattr(self, field)!r} is read by {wanted} only; {' and '.join(ignoring)} "
+            f"{'ignores' if len(ignoring) == 1 else 'ignore'} it: drop the override or choose {wanted}"
+        )
 
     # ---- validation ----------------------------------------------------------------------------
     def validate(self) -> ModelConfig:
@@ -144,6 +195,7 @@ class ModelConfig:
             MASK.get(self.resolved_mask, field="mask"),
         )
         self._check_sizes()
+        self._check_settings_read()
         for component in components:
             check = getattr(component, "check", None)  # a user's component need not have one
             if check is not None:
@@ -224,6 +276,15 @@ class ModelConfig:
             raise ConfigError(f"rope_scaling={self.rope_scaling!r} must be 'none', 'linear' or 'ntk'")
         if self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
             raise ConfigError(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (the context extension)")
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 def _divisors(n: int) -> list[int]:

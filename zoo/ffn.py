@@ -23,6 +23,7 @@ Activation = Callable[[Tensor], Tensor]
 
 class MLP(nn.Module):
     gated: ClassVar[bool] = False  # a GLU: its default width is 2/3 of the plain MLP's (resolved_d_ff)
+    reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
     def __init__(self, d_model: int, d_ff: int, *, act: Activation, bias: bool) -> None:
         super().__init__()
@@ -72,6 +73,7 @@ class ReLUMLP(MLP):
 @FFN.register("gelu")
 class GELUMLP(MLP):
     activation = staticmethod(_gelu)
+    reads = frozenset({"gelu_approximate"})
 
 
 @FFN.register("swiglu")
@@ -82,3 +84,4 @@ class SwiGLU(GLU):
 @FFN.register("geglu")
 class GeGLU(GLU):
     activation = staticmethod(_gelu)
+    reads = frozenset({"gelu_approximate"})

@@ -91,6 +91,7 @@ class Mask:
     needs_prefix_len: ClassVar[bool] = False  # forward (and generation) must pass prefix_len
     lookback: int | None = None  # keys before its own position a query may still see (None: all); caches keep that many
     documents: ClassVar[bool] = False  # reads document_ids: a query sees keys of its own document only
+    reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,12 +99,8 @@ class Mask:
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
-        """Raise ConfigError for settings this mask cannot work with (ModelConfig.validate calls it)."""
-        if cfg.window is not None:
-            raise ConfigError(
-                f"window={cfg.window} is read by mask='sliding_window' or 'document' only; set one of "
-                f"those or leave window unset (mask={cfg.resolved_mask!r} ignores it)"
-            )
+        """Raise ConfigError for settings this mask cannot work with (ModelConfig.validate calls it;
+        a ``window`` that the mask does not read is refused there, as every unread setting is)."""
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Mask:
@@ -200,6 +197,8 @@ class SlidingWindow(Mask):
     encoder. In a form whose own mask is causal, ``from_config`` makes a :class:`CausalSlidingWindow`.
     Positions are indices in the (left-padded) sequence, so padding never shifts a real token's window."""
 
+    reads = frozenset({"window"})
+
     def __init__(self, window: int) -> None:
         self.window = window
         self.lookback = window - 1
@@ -249,10 +248,7 @@ class Document(Causal):
     ``from_config`` makes a :class:`DocumentWindow`."""
 
     documents = True
-
-    @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
-        """Any window or none: the mask reads it (see :class:`DocumentWindow`)."""
+    reads = frozenset({"window"})  # any window or none (see :class:`DocumentWindow`)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Document | DocumentWindow:

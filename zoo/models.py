@@ -41,6 +41,7 @@ class ZooModel(GenerationMixin, nn.Module):
     decoding: ClassVar[type[Steps] | None] = None  # how generate() decodes (zoo.decoding); None: it cannot
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")  # forward's inputs, by keyword
     attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
+    reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -161,6 +162,7 @@ class EncoderModel(ZooModel):
     """BERT: hidden states of a bidirectional stack; it does not generate."""
 
     attention_kinds = ("encoder self",)
+    reads = frozenset({"gelu_approximate"})  # MLMHead's GELU
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:

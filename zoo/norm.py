@@ -61,6 +61,7 @@ class Placement(nn.Module):
 
     embedding_norm: ClassVar[bool] = False  # normalise the embeddings before the first block
     final_norm: ClassVar[bool] = False  # normalise the output of the last block
+    reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:

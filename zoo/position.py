@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +35,7 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score,
 class Position(nn.Module):
     max_len: int | None = None  # longest sequence the encoding can represent (None: unbounded)
     n_heads: int | None = None  # the heads score_mod's h ranges over; a position with a score_mod sets it
+    reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -147,6 +149,8 @@ class RoPE(Position):
     low frequencies and leaves the highest nearly intact.
     """
 
+    reads = frozenset({"rope_base", "rope_scaling", "rope_scaling_factor"})
+
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0) -> None:
         super().__init__()
         self.head_dim = head_dim
@@ -241,6 +245,8 @@ def t5_relative_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: in
 @POSITION.register("t5_relative")
 class T5Relative(Position):
     """A learned scalar per (bucket of k - q, head), added to the scores of every layer of a stack."""
+
+    reads = frozenset({"rel_buckets", "rel_max_distance"})
 
     def __init__(self, n_heads: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()

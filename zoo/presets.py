@@ -144,8 +144,10 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:
-    """The preset's config with field overrides applied (not yet validated)."""
-    return MODELS.get(name)().replace(**overrides)
+    """The preset's config with field overrides applied (not yet validated). A preset's own setting
+    of a component that an override replaces falls away (gpt2's ``gelu_approximate="tanh"`` under
+    ``ffn="swiglu"``); an override that no chosen component reads stays, for ``validate`` to refuse."""
+    return MODELS.get(name)().replace(**overrides).without_ignored(keep=overrides)
 
 
 def create_model(name: str, *, seed: int | None = None, **overrides: Any) -> ZooModel:

@@ -105,6 +105,25 @@ def register(family: str, name: str) -> Callable[[T], T]:
     return REGISTRIES[family].register(name)
 
 
+def reads(component: Any) -> frozenset[str]:
+    """The component settings ``component`` reads: ModelConfig fields that only some components of
+    a family read (``rope_base``, ``window``...), declared as its ``reads`` class attribute. Sizes and
+    the settings every model reads (``d_model``, ``norm_eps``, ``dropout``...) are not listed. A
+    kernel function or a user's class that declares none reads none."""
+    return getattr(component, "reads", frozenset())  # attention kernels are functions: no base class
+
+
+def readers() -> dict[str, list[tuple[str, str]]]:
+    """Each component setting some registered component reads -> (family, name) of every one that
+    does, e.g. ``{"window": [("mask", "document"), ("mask", "sliding_window")], ...}``."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for family, registry in REGISTRIES.items():
+        for name in registry.names():
+            for field in sorted(reads(registry.get(name))):
+                found.setdefault(field, []).append((family, name))
+    return found
+
+
 def list_components() -> dict[str, list[str]]:
     """Every component family and its registered names."""
     return {family: reg.names() for family, reg in REGISTRIES.items()}
