@@ -199,7 +199,7 @@ def exports(stages: Stages, ckpt: Path) -> dict[str, float]:
     """zoo-export format=hf and format=gguf, each reloaded here; the largest logit difference from the checkpoint."""
     import transformers
 
-    from tasks.cli.common import load_task
+    from tasks.cli.loading import load_task
 
     hf, gg = stages.out / "export_hf", stages.out / "export_gguf"
     stages.verb("export hf", "export", f"ckpt_path={ckpt}", f"out={hf}", "format=hf")

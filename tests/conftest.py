@@ -35,6 +35,6 @@ def gpt_base(tmp_path_factory):
 
 def pytest_configure(config):
     """Tests compose zoo-train's config as the verb does: its schemas and sweeper registered first."""
-    from tasks.cli.common import register_configs
+    from tasks.cli.schemas import register_configs
 
     register_configs()

@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_dir
 
 import zoo
 from tasks.cli.attention import attention_report
-from tasks.cli.common import conf_dir, quote_free_text
+from tasks.cli.console import quote_free_text
+from tasks.cli.schemas import conf_dir
 from tasks.data.tokenizers import train_tokenizer, with_cls_sep
 from zoo.inspect import attention_rollout, capture_attention, head_stats, layers_by_kind, row_entropy
 

@@ -19,7 +19,7 @@ from test_tasks import STEPS, TINY
 from torch import Tensor
 
 import zoo
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from zoo.mask import Document, DocumentWindow
 
 W = 3  # shorter than every document below, so the window matters

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from tasks.cli.common import conf_dir
+from tasks.cli.schemas import conf_dir
 from tasks.data import LMDataModule, MLMDataModule, TranslationDataModule
 from tasks.data.loading import BucketBatchSampler
 from tasks.data.modules import IGNORE

@@ -26,7 +26,7 @@ from test_export_safety import assert_one_line_error, export_in_process, modes, 
 
 import zoo
 from tasks.cli import export
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 
 FULL_DISK = "Error while serializing: I/O error: No space left on device (os error 28)"  # as safetensors says it
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from tasks.cli.train import train
 
 transformers = pytest.importorskip("transformers")

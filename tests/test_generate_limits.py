@@ -21,9 +21,11 @@ from omegaconf import OmegaConf
 import zoo
 from tasks import ClassifierTask, GeneratorTask, TranslatorTask, ZooTask
 from tasks.cli.attention import attention_report
-from tasks.cli.common import conf_dir, load_task, quote_free_text
+from tasks.cli.console import quote_free_text
 from tasks.cli.generate import main as generate_main
 from tasks.cli.generate import respond
+from tasks.cli.loading import load_task
+from tasks.cli.schemas import conf_dir
 from tasks.data.tokenizers import EOS, train_tokenizer, with_cls_sep
 from tasks.errors import UserError
 from zoo.generation import GenerationLimitWarning, PromptError, filter_logits

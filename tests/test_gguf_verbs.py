@@ -23,7 +23,7 @@ from test_tasks import STEPS, TINY
 from tokenizers import Tokenizer, models
 
 import zoo
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from tasks.cli.pretrained import GGUFFile
 from tasks.data.tokenizers import Specials, read_hf_tokenizer
 

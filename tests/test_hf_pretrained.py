@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from tasks.data import DATA_MODULES
 from tasks.data.sources import number_pairs, stdlib_code, stdlib_docstrings
 from tasks.data.tokenizers import read_hf_tokenizer

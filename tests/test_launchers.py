@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
-from tasks.cli.common import conf_dir
+from tasks.cli.schemas import conf_dir
 
 TINY = [
     "experiment=gpt_generator",

@@ -14,7 +14,7 @@ from test_tasks import compose_train
 import zoo
 from tasks.checkpoints import BASE_KEY
 from tasks.cli import export
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from tasks.cli.train import train
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from test_tasks import compose_train
 
 import zoo
 from tasks.cli import export
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from tasks.cli.train import train
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_a_classifier_head_trains_beside_the_adapters(tmp_path):
 
 
 def test_an_adapter_without_init_from_says_that_its_frozen_base_is_random(tmp_path, capsys):
-    from tasks.cli.common import check_composition
+    from tasks.cli.checks import check_composition
 
     check_composition(compose_train("gpt_generator", tmp_path, "adapter=lora"))
     assert "zoo: warning: the adapter trains beside a frozen model with random weights" in capsys.readouterr().err

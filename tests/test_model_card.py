@@ -17,7 +17,7 @@ from test_tasks import STEPS, TINY
 import zoo
 from tasks import ClassifierTask, TranslatorTask, ZooTask
 from tasks.cli.card import AUTO_CLASSES, describe_model, model_card, monitored
-from tasks.cli.common import load_task, read_checkpoint
+from tasks.cli.loading import load_task, read_checkpoint
 
 COMMAND = "zoo-export ckpt_path='runs/a b/last.ckpt' out=exports/gpt format=safetensors"
 

@@ -17,7 +17,7 @@ from test_tasks import STEPS, TINY, compose_train
 
 import zoo
 from tasks.checkpoints import RUN_MARKER, ZooCheckpointIO, claim_fresh, claim_run_dir
-from tasks.cli.common import load_task
+from tasks.cli.loading import load_task
 from tasks.cli.train import train
 from tasks.errors import DivergedError, UserError
 
@@ -372,7 +372,7 @@ def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, caps
     import errno
 
     import tasks.cli.train as train_module
-    from tasks.cli.common import user_errors
+    from tasks.cli.boundary import user_errors
 
     def read_only(folder, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(folder))

@@ -18,7 +18,7 @@ from test_sweep import SEARCH, TINY, _in_process
 from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
 from hydra_plugins.zoo_optuna_sweeper._files import SweepError
 from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
-from tasks.cli.common import conf_dir
+from tasks.cli.schemas import conf_dir
 
 
 def _grid(root: Path) -> Path:

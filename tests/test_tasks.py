@@ -17,7 +17,8 @@ from hydra import compose, initialize_config_dir
 
 import zoo
 from tasks import TASKS
-from tasks.cli.common import conf_dir, load_task
+from tasks.cli.loading import load_task
+from tasks.cli.schemas import conf_dir
 from tasks.cli.train import train
 
 TINY = {  # shrink each experiment to seconds: small data, a few steps
@@ -315,7 +316,7 @@ def test_a_built_wheel_carries_conf(tmp_path):
     )
     assert installed.returncode == 0, installed.stderr[-2000:]
     found = subprocess.run(
-        [sys.executable, "-c", "from tasks.cli.common import conf_dir; print(conf_dir())"],
+        [sys.executable, "-c", "from tasks.cli.schemas import conf_dir; print(conf_dir())"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(site)},
         capture_output=True,

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 import zoo
-from tasks.cli.common import conf_dir
+from tasks.cli.schemas import conf_dir
 
 
 def _trainer_cfg(name: str):

@@ -69,10 +69,10 @@ def quiet() -> None:
 
 def compose_train(overrides: Sequence[str]) -> Any:
     """zoo-train's config (``conf/train.yaml``) with ``overrides``, through Hydra's compose API; the
-    caller has run ``tasks.cli.common.register_configs()`` once (driver.run does)."""
+    caller has run ``tasks.cli.schemas.register_configs()`` once (driver.run does)."""
     from hydra import compose, initialize_config_dir
 
-    from tasks.cli.common import conf_dir
+    from tasks.cli.schemas import conf_dir
 
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name=JOB_NAME):
         return compose("train", overrides=list(overrides))

@@ -54,7 +54,7 @@ def run(
     only: Sequence[int], out: Path, work: Path, quick: bool = False, threads: int = 1, command: str = COMMAND
 ) -> dict[str, Any]:
     """Run the chosen experiments, merge them into ``out/results.json`` and rewrite ``out/README.md``."""
-    from tasks.cli.common import register_configs
+    from tasks.cli.schemas import register_configs
 
     register_configs()  # the typed schemas and the sweeper that composing zoo-train's config needs
     quiet()

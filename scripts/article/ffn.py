@@ -26,7 +26,7 @@ HEADERS = ["ffn", "d_ff", "FFN params", "total params", "final val loss", "val p
 
 def run(ctx: Context) -> Result:
     """relu / gelu / swiglu / geglu at (nearly) the same parameter count: final validation loss."""
-    from tasks.cli.common import load_task
+    from tasks.cli.loading import load_task
 
     ffns = ("relu", "swiglu") if ctx.quick else FFNS
     curves, rows, final = {}, [], {}

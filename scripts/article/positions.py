@@ -45,7 +45,7 @@ def perplexity(model: zoo.ZooModel, blocks: torch.Tensor, batch_size: int = 8) -
 
 def eval_blocks(ckpt: Path, lengths: list[int], max_tokens: int | None = None) -> dict[int, torch.Tensor]:
     """cut_blocks of the test split of the checkpoint's own data module, rebuilt at the longest length."""
-    from tasks.cli.common import data_module, load_task
+    from tasks.cli.loading import data_module, load_task
 
     task, info = load_task(ckpt)
     dm = data_module(info, task, seq_len=max(lengths))
@@ -104,7 +104,7 @@ def _train(ctx: Context, L: int) -> dict[str, Path]:
 
 def _perplexities(ckpts: dict[str, Path], blocks: dict[int, torch.Tensor], L: int) -> dict[str, dict[int, float]]:
     """Perplexities, and rope+PI's: the rope model, positions divided by n / L (Chen et al. 2023), no fine-tuning."""
-    from tasks.cli.common import load_task
+    from tasks.cli.loading import load_task
 
     models = {pos: load_task(ckpt)[0].model for pos, ckpt in ckpts.items()}
     ppl = {pos: {n: perplexity(model, b) for n, b in blocks.items()} for pos, model in models.items()}

@@ -45,8 +45,10 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 import zoo
-from tasks.cli.common import conf_dir, hydra_errors, literal, quote_free_text, user_errors
+from tasks.cli.boundary import hydra_errors, user_errors
+from tasks.cli.console import literal, quote_free_text
 from tasks.cli.pretrained import load_model_task
+from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, layers_by_kind
 

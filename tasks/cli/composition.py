@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 import zoo
+from tasks.cli.schemas import conf_dir
 from tasks.errors import os_error, parse_error
 
 
@@ -101,8 +102,6 @@ def _given_value(message: str) -> str:
 def config_groups() -> list[str]:
     """Every config group a zoo verb can choose from: conf/'s folders, Hydra's own and those in
     the ConfigStore (zoo's schemas, plugins such as the launchers)."""
-    from tasks.cli.common import conf_dir  # noqa: PLC0415  (common imports the verbs' helpers)
-
     groups = {str(p.relative_to(root)) for root in (Path(conf_dir()),) for p in root.rglob("*") if p.is_dir()}
     hydra_conf = importlib.resources.files("hydra.conf")
     groups |= {f"hydra/{p.name}" for p in (hydra_conf / "hydra").iterdir() if p.is_dir() and p.name[0] != "_"}

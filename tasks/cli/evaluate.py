@@ -14,17 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tasks.cli.common import (
-    check_values,
-    conf_dir,
-    data_module,
-    for_inference,
-    hydra_errors,
-    quiet_libraries,
-    register_data_schemas,
-    user_errors,
-)
+from tasks.cli.boundary import hydra_errors, user_errors
+from tasks.cli.checks import check_values
+from tasks.cli.console import quiet_libraries
+from tasks.cli.loading import data_module, for_inference
 from tasks.cli.pretrained import load_model_task
+from tasks.cli.schemas import conf_dir, register_data_schemas
 from tasks.errors import UserError
 from zoo.io import atomic_write_text
 

@@ -21,11 +21,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.card import model_card
-from tasks.cli.common import conf_dir, hydra_errors, quiet_libraries, task_and_checkpoint, user_errors
+from tasks.cli.console import quiet_libraries
 from tasks.cli.destination import check_destination, check_out
 from tasks.cli.export_onnx import require_onnx
 from tasks.cli.formats import EXPORT_FORMATS, export_onnx, export_safetensors, files_of
+from tasks.cli.loading import task_and_checkpoint
+from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
 
 FORMATS = EXPORT_FORMATS  # iterates over the format names

@@ -19,8 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.common import conf_dir, for_inference, hydra_errors, literal, quote_free_text, user_errors
+from tasks.cli.boundary import hydra_errors, user_errors
+from tasks.cli.console import literal, quote_free_text
+from tasks.cli.loading import for_inference
 from tasks.cli.pretrained import load_model_task
+from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
 from zoo.generation import GenerationLimitWarning, PromptError
 

@@ -27,7 +27,8 @@ from tokenizers import Tokenizer
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.common import load_task, model_config
+from tasks.cli.loading import load_task
+from tasks.cli.schemas import model_config
 from tasks.data.tokenizers import Specials, read_hf_tokenizer
 from tasks.errors import DataError, UserError
 

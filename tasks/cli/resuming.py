@@ -22,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 import zoo
 from tasks.checkpoints import checkpoint_step
-from tasks.cli.common import conf_dir, read_checkpoint
 from tasks.cli.conf_rules import RUN_DIR, conf_rules
+from tasks.cli.loading import read_checkpoint
+from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
 
 CHECKPOINTS = ("on_exception.ckpt", "last.ckpt")  # what a run leaves to resume from; last.ckpt wins a tie

@@ -26,23 +26,18 @@ from rich.table import Table
 from tokenizers import Tokenizer
 
 import zoo
+from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV
 from tasks import TASKS
 from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
 from tasks.checkpoints import ZooCheckpointIO, claim_run_dir, release_runs
+from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.card import describe_model
-from tasks.cli.common import (
-    RAISE_ERRORS_ENV,
-    check_composition,
-    conf_dir,
-    hydra_errors,
-    quiet_libraries,
-    read_checkpoint,
-    register_configs,
-    run_info,
-    user_errors,
-)
+from tasks.cli.checks import check_composition
+from tasks.cli.console import quiet_libraries
+from tasks.cli.loading import read_checkpoint, run_info
 from tasks.cli.pretrained import PretrainedSource, adopt_model, as_checkpoint, is_pretrained_source, pretrained_source
 from tasks.cli.resuming import resumed_config
+from tasks.cli.schemas import conf_dir, register_configs
 from tasks.data.tokenizers import Specials, read_tokenizer
 from tasks.loggers import CSVLogger
 

@@ -1,0 +1,52 @@
+"""What a verb takes from the command line as given and keeps off the terminal: free text
+(``prompt=``, ``text=``) through the shell and Hydra's grammar unchanged, and library output a user
+cannot act on."""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def quote_free_text(argv: list[str], keys: tuple[str, ...] = ("prompt", "text")) -> list[str]:
+    """Let ``prompt="def fib(n):"`` through the shell and Hydra's override grammar unchanged: the
+    shell strips the quotes, so the value is quoted again here unless it already is."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in keys and not (value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1):
+            value = _quoted(value)
+        out.append(f"{key}{sep}{value}" if sep else arg)
+    return out
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a Hydra quoted value that OmegaConf keeps as plain text: each ``${`` escaped for
+    OmegaConf (n backslashes before it become 2n + 1), then quotes and the backslashes before a
+    quote or the end escaped for Hydra (the only places Hydra reads a backslash)."""
+    text = re.sub(r"(\\*)\$\{", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", text)
+    text = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"'{text}'"
+
+
+def quiet_libraries() -> None:
+    """Hide what libraries print that a user cannot act on: Lightning's tip to install its cloud
+    logger, and a deprecation inside Lightning's own pytree helper."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage()
+    )
+
+
+def literal(cfg: DictConfig, key: str) -> str | None:
+    """A free-text value (``prompt=``, ``text=``) exactly as given: no ``${...}`` interpolation
+    (the OmegaConf escapes that quote_free_text adds are undone); None when missing."""
+    if key not in cfg or OmegaConf.is_missing(cfg, key):
+        return None
+    value = OmegaConf.to_container(cfg, resolve=False).get(key)
+    if value is None:
+        return None
+    return re.sub(r"(\\*)\$\{", lambda m: "\\" * (len(m.group(1)) // 2) + "${", str(value))
