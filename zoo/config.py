@@ -148,12 +148,14 @@ class ModelConfig:
         chosen = self.choices()
         for family, name in chosen.items():
             REGISTRIES[family].get(name, field=family)
-        defaults = _defaults()
-        return {
-            field: who
-            for field, who in readers().items()
-            if getattr(self, field) != defaults[field] and all(chosen[family] != name for family, name in who)
-        }
+        defaults, ignored = _defaults(), {}
+        for field, who in readers().items():
+            if field not in defaults:
+                family, name = who[0]
+                raise TypeError(f"{family}={name} declares it reads {field!r}, which is not a ModelConfig field")
+            if getattr(self, field) != defaults[field] and all(chosen[family] != name for family, name in who):
+                ignored[field] = who
+        return ignored
 
     def without_ignored(self, *, keep: Collection[str] = ()) -> ModelConfig:
         """This config with each setting that ``ignored_settings`` names back at its default, but for

@@ -12,6 +12,11 @@ Register a component of your own with the same decorator the built-ins use::
         @classmethod
         def from_config(cls, cfg: zoo.ModelConfig, dim: int) -> "ScaleNorm": ...
 
+A component that reads a setting only some components read (``rope_base``, ``window``: not the
+sizes or ``norm_eps``, which every model reads) declares it, ``reads = frozenset({"rope_base"})``;
+``ModelConfig.validate`` refuses such a setting, away from its default, where no chosen component
+declares it (:func:`readers`).
+
 Packages can also ship components as plug-ins: declare an entry point in the ``zoo.plugins`` group
 that points at a module; zoo imports it the first time a registry is read, and the module's
 ``@zoo.register`` decorators do the rest.
