@@ -205,7 +205,9 @@ def resumed(tmp_path_factory) -> tuple[Path, optuna.Study, int]:
             except Exception:  # the study or its tables do not exist yet
                 continue
             if any(t.state == TrialState.COMPLETE for t in trials):
-                running = [t.number for t in trials if t.state == TrialState.RUNNING]
+                # a trial's params are written one by one: kill one that has them all (it is training),
+                # not one caught between two suggestions
+                running = [t.number for t in trials if t.state == TrialState.RUNNING and len(t.params) == 2]
                 killed = running[0] if running else None
     finally:
         os.killpg(first.pid, signal.SIGKILL)
