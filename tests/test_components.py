@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from conftest import tiny_config, tiny_model
 
 import zoo
-from zoo.attention import Attention, AttentionInputs, CrossAttention, SelfAttention
+from zoo.attention import Attention, AttentionInputs, CrossAttention, Scoring, SelfAttention
 from zoo.norm import LayerNorm, RMSNorm
 from zoo.position import ALiBi, RoPE, Sinusoidal, T5Relative, alibi_slopes, apply_rotary, t5_relative_bucket
 from zoo.registry import MASK
@@ -183,9 +183,8 @@ def _qkv(B=2, H=4, KV=4, T=6, S=6, hd=8):
 
 def test_math_kernel_is_the_textbook_formula():
     q, k, v = _qkv(B=1, H=1, KV=1)
-    y = zoo.registry.ATTENTION.get("math")(
-        q, k, v, mask=None, is_causal=False, scale=8**-0.5, dropout_p=0.0, probe=torch.nn.Identity()
-    )
+    how = Scoring(mask=None, is_causal=False, scale=8**-0.5, dropout_p=0.0, probe=torch.nn.Identity())
+    y = zoo.registry.ATTENTION.get("math").attend(q, k, v, how)
     torch.testing.assert_close(y, torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), -1) @ v)
 
 
@@ -198,9 +197,9 @@ def test_sdpa_kernel_equals_math_kernel(kv_heads, mask_kind):
     ]
     if mask_kind == "bool":
         mask |= torch.eye(6, dtype=torch.bool)
-    args = dict(mask=mask, is_causal=mask_kind == "causal", scale=0.3, dropout_p=0.0, probe=torch.nn.Identity())
-    sdpa = zoo.registry.ATTENTION.get("sdpa")(q, k, v, **args)
-    math_ = zoo.registry.ATTENTION.get("math")(q, k, v, **args)
+    how = Scoring(mask=mask, is_causal=mask_kind == "causal", scale=0.3, dropout_p=0.0, probe=torch.nn.Identity())
+    sdpa = zoo.registry.ATTENTION.get("sdpa").attend(q, k, v, how)
+    math_ = zoo.registry.ATTENTION.get("math").attend(q, k, v, how)
     torch.testing.assert_close(sdpa, math_, atol=1e-5, rtol=1e-5)
 
 

@@ -158,7 +158,8 @@ def test_auto_is_sdpa_on_the_cpu_and_asks_for_mods_on_cuda():
 @pytest.mark.parametrize(("arch", "mask", "extra"), CASES, ids=[f"{a}-{m}" for a, m, _ in CASES])
 def test_auto_where_flex_applies_equals_math(arch, mask, extra, position, monkeypatch):
     """attention='auto' as it runs on CUDA (the device check lifted): FlexMods where they apply, else sdpa."""
-    monkeypatch.setattr(zoo.attention.auto_attention, "flex_mods", lambda _device, **kw: flex_applies("cuda", **kw))
+    as_on_cuda = classmethod(lambda cls, _device, **kw: flex_applies("cuda", **kw))
+    monkeypatch.setattr(zoo.attention.Auto, "reads_flex_mods", as_on_cuda)
     overrides = dict(arch=arch, position=position, **extra)
     if mask is not None:
         overrides["mask"] = mask

@@ -31,7 +31,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,31 +71,59 @@ class AttentionInputs:
         return dataclasses.replace(self, mask=self.mask[..., -n_keys:])  # (..., Tq, n_keys)
 
 
-Kernel = Callable[..., Tensor]
+class Scoring(NamedTuple):
+    """What a kernel needs besides q, k, v (a tuple: one is made per layer and step)."""
+
+    mask: Tensor | None  # bool (True = attend) or float (added to scores), broadcast to (B, H, Tq, Tk)
+    is_causal: bool  # the plain causal mask over Tq == Tk, left to the kernel
+    scale: float  # multiplies q k^T
+    dropout_p: float  # on the probabilities
+    probe: nn.Module  # where kernels that form the probabilities pass them (Attention.probe)
+
+
+class AttentionKernel:
+    """Base of the registered attention kernels (``attention=<name>``): softmax(q k^T * scale + mask) v
+    over q (B, H, Tq, hd) and k, v (B, KV, Tk, hd), H a multiple of KV; returns (B, H, Tq, hd).
+
+    A kernel is a class of hooks, never instantiated: ``attend`` computes; ``check`` refuses, at
+    composition, a model it cannot run (ModelConfig.validate asks each chosen component);
+    ``reads_flex_mods`` says which forwards the stack hands it as :class:`FlexMods` instead of a
+    dense mask (Attention.reads_flex_mods asks it once per forward)."""
+
+    reads: ClassVar[frozenset[str]] = frozenset()  # ModelConfig settings of its own (zoo.registry.reads)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this kernel cannot compute; by default it computes them all."""
+
+    @classmethod
+    def reads_flex_mods(cls, device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
+        """Whether a forward on ``device_type`` (with a KV cache or not; ``dense``: sdpa would need a
+        (Tq, Tk) mask or bias) comes as FlexMods rather than a dense mask. Dense kernels: never."""
+        return False
+
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
+        """Attention over (B, H, Tq, hd) queries and (B, KV, Tk, hd) keys and values, scored as ``how`` says."""
+        raise NotImplementedError
 
 
 @ATTENTION.register("sdpa")
-def sdpa_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    mask: Tensor | None,
-    is_causal: bool,
-    scale: float,
-    dropout_p: float,
-    probe: nn.Module,
-) -> Tensor:
-    return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=bool(k.shape[1] != q.shape[1]),
-    )
+class SDPA(AttentionKernel):
+    """``F.scaled_dot_product_attention``: flash / memory-efficient kernels on GPU, flash on the CPU."""
+
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=how.mask,
+            dropout_p=how.dropout_p,
+            is_causal=how.is_causal,
+            scale=how.scale,
+            enable_gqa=bool(k.shape[1] != q.shape[1]),
+        )
 
 
 def _at(t: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
@@ -165,23 +193,6 @@ def _run_flex(
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
-@ATTENTION.register("flex")
-def flex_attention_kernel(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    mask: Tensor | None,
-    is_causal: bool,
-    scale: float,
-    dropout_p: float,
-    probe: nn.Module,
-) -> Tensor:
-    """The dense inputs of a cached forward, converted (a full forward comes as FlexMods instead)."""
-    score_mod, block_mask = _flex_mods(mask, is_causal, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
-    return _run_flex(q, k, v, score_mod, block_mask, scale=scale, dropout_p=dropout_p)
-
-
 def flex_applies(device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
     """Whether attention='auto' runs a forward on flex_attention with FlexMods instead of sdpa: on CUDA
     (where flex is one compiled kernel), a full forward (no KV cache: a decoding step's rows are short),
@@ -190,69 +201,60 @@ def flex_applies(device_type: str, *, cached: bool, dense: bool, dropout_p: floa
     return device_type == "cuda" and not cached and dense and not dropout_p
 
 
-def _flex_always(device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
-    return not cached  # attention=flex: FlexMods whenever there is no cache (dropout is refused in the kernel)
+@ATTENTION.register("flex")
+class Flex(AttentionKernel):
+    """``flex_attention``: a full forward comes as FlexMods (no (Tq, Tk) tensor); the dense inputs of
+    a cached forward are converted to a block mask and a score_mod."""
 
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """flex_attention has no dropout: a model that asks for attention dropout is refused when
+        composed, not at its first training step."""
+        dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
+        if dropout:
+            raise ConfigError(
+                f"attention=flex has no attention dropout (attn_dropout={dropout}); set "
+                "model.attn_dropout=0 (dropout elsewhere stays) or choose attention=sdpa"
+            )
 
-flex_attention_kernel.flex_mods = _flex_always  # Attention.reads_flex_mods asks the kernel
+    @classmethod
+    def reads_flex_mods(cls, device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
+        return not cached  # FlexMods whenever there is no cache (dropout is refused by check)
 
-
-def _flex_check(cfg: ModelConfig) -> None:
-    """flex_attention has no dropout: a model that asks for attention dropout is refused when composed,
-    not at its first training step."""
-    dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
-    if dropout:
-        raise ConfigError(
-            f"attention=flex has no attention dropout (attn_dropout={dropout}); set "
-            "model.attn_dropout=0 (dropout elsewhere stays) or choose attention=sdpa"
-        )
-
-
-flex_attention_kernel.check = _flex_check  # ModelConfig.validate asks each chosen component
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
+        shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        score_mod, block_mask = _flex_mods(how.mask, how.is_causal, shape, q.device)
+        return _run_flex(q, k, v, score_mod, block_mask, scale=how.scale, dropout_p=how.dropout_p)
 
 
 @ATTENTION.register("auto")
-def auto_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    mask: Tensor | None,
-    is_causal: bool,
-    scale: float,
-    dropout_p: float,
-    probe: nn.Module,
-) -> Tensor:
+class Auto(SDPA):
     """``sdpa`` for the forwards that :func:`flex_applies` leaves to it; the others come as FlexMods."""
-    return sdpa_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p, probe=probe)
 
-
-auto_attention.flex_mods = flex_applies
+    @classmethod
+    def reads_flex_mods(cls, device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
+        return flex_applies(device_type, cached=cached, dense=dense, dropout_p=dropout_p)
 
 
 @ATTENTION.register("math")
-def math_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    mask: Tensor | None,
-    is_causal: bool,
-    scale: float,
-    dropout_p: float,
-    probe: nn.Module,
-) -> Tensor:
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1)  # (B, H, Tk, hd)
-    v = v.repeat_interleave(groups, dim=1)
-    scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, Tq, Tk)
-    if is_causal:
-        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = probe(scores.softmax(dim=-1))  # (B, H, Tq, Tk)
-    probs = F.dropout(probs, p=dropout_p)
-    return probs.type_as(v) @ v  # (B, H, Tq, hd)
+class Math(AttentionKernel):
+    """The explicit reference; its probabilities pass through ``probe`` (zoo.capture_attention)."""
+
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)  # (B, H, Tk, hd)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = (q @ k.transpose(-2, -1)).float() * how.scale  # (B, H, Tq, Tk)
+        mask = how.mask
+        if how.is_causal:
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        probs = how.probe(scores.softmax(dim=-1))  # (B, H, Tq, Tk)
+        probs = F.dropout(probs, p=how.dropout_p)
+        return probs.type_as(v) @ v  # (B, H, Tq, hd)
 
 
 class Attention(nn.Module):
@@ -302,7 +304,7 @@ class Attention(nn.Module):
 
     @kernel.setter
     def kernel(self, name: str) -> None:
-        self._kernel_fn: Kernel = ATTENTION.get(name, field="attention")
+        self._kernel_cls: type[AttentionKernel] = ATTENTION.get(name, field="attention")
         self._kernel = name
 
     @classmethod
@@ -321,9 +323,8 @@ class Attention(nn.Module):
 
     def reads_flex_mods(self, device_type: str, *, cached: bool, dense: bool) -> bool:
         """Whether this forward's kernel takes FlexMods (see :func:`flex_applies`) rather than a dense mask."""
-        rule = getattr(self._kernel_fn, "flex_mods", None)
         dropout_p = self.dropout if self.training else 0.0
-        return rule is not None and rule(device_type, cached=cached, dense=dense, dropout_p=dropout_p)
+        return self._kernel_cls.reads_flex_mods(device_type, cached=cached, dense=dense, dropout_p=dropout_p)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -341,9 +342,8 @@ class Attention(nn.Module):
         mask = inputs.mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
-        y = self._kernel_fn(
-            q, k, v, mask=mask, is_causal=inputs.is_causal, scale=self.scale, dropout_p=dropout_p, probe=self.probe
-        )  # (B, H, Tq, hd)
+        how = Scoring(mask, inputs.is_causal, self.scale, dropout_p, self.probe)
+        y = self._kernel_cls.attend(q, k, v, how)  # (B, H, Tq, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

@@ -57,14 +57,17 @@ class Block(nn.Module):
         memory: Tensor | None = None,
         memory_inputs: AttentionInputs | None = None,
     ) -> Tensor:
+        drop = self.drop if self.training and self.drop.p else _unchanged  # eval: no call per sublayer
         self_cache = None if cache is None else cache.self_attn[layer]
-        x = self.attn_res(x, lambda h: self.drop(self.attn(h, inputs, cache=self_cache)))
+        x = self.attn_res(x, lambda h: drop(self.attn(h, inputs, cache=self_cache)))
         if self.cross_attn is not None:
             cross_cache = None if cache is None else cache.cross_attn[layer]
-            x = self.cross_res(
-                x, lambda h: self.drop(self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory))
-            )
-        return self.ffn_res(x, lambda h: self.drop(self.ffn(h)))
+            x = self.cross_res(x, lambda h: drop(self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory)))
+        return self.ffn_res(x, lambda h: drop(self.ffn(h)))
+
+
+def _unchanged(x: Tensor) -> Tensor:
+    return x
 
 
 def build_block(cfg: ModelConfig, *, cross: bool) -> Block:
@@ -146,7 +149,8 @@ class Stack(nn.Module):
             x = x + pe.to(x.dtype)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        x = self.drop(x)
+        if self.training and self.drop.p:
+            x = self.drop(x)
 
         inputs = self._self_attention_inputs(
             past,
