@@ -1,11 +1,14 @@
-"""What zoo-train (and zoo-eval, for its values) refuses before any data is read: combinations
-the model, task, data and adapter cannot run, and values that would only fail later; each a
-zoo.ConfigError that names the key and the fix."""
+"""What zoo-train (and zoo-eval, for its values) refuses, each a zoo.ConfigError that names the key
+and the fix: before any data is read, combinations the model, task, data and adapter cannot run,
+values that would only fail later and a model ``export_check=`` cannot write; once the data is
+read, sizes it disagrees with and a resumed checkpoint's other model."""
 
 from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -120,3 +123,61 @@ def task_class(target: str) -> type[ZooTask]:
         if target in (f"{cls.__module__}.{cls.__name__}", f"tasks.{cls.__name__}"):
             return cls
     raise zoo.ConfigError(f"task._target_={target!r} is not a zoo task; choose one of {TASKS.names()}")
+
+
+EXPORT_CHECKS = ("hf",)
+
+
+def check_export(cfg: DictConfig, model_cfg: zoo.ModelConfig, task: Any = None) -> None:
+    """``export_check=hf``: the model (and, once built, the task's head) must be what zoo-export
+    format=hf can write, or the run stops now instead of after training."""
+    check = cfg.get("export_check")
+    if check is None:
+        return
+    if check not in EXPORT_CHECKS:
+        raise zoo.ConfigError(f"export_check={check}: not a check; choose export_check=hf or leave it null")
+    zoo.hf_exportable(model_cfg)
+    if task is not None:
+        task.hf_classifier()
+
+
+def data_sizes(
+    cfg: DictConfig, model_cfg: zoo.ModelConfig, sizes: dict[str, int], *, pretrained: bool = False
+) -> dict[str, int]:
+    """The sizes the data decides; an explicit model.vocab_size that disagrees is a ConfigError. A
+    pretrained model keeps its vocabulary (its embedding may have rows the tokenizer does not use)."""
+    if pretrained:
+        if sizes["vocab_size"] > model_cfg.vocab_size:
+            raise zoo.ConfigError(
+                f"init_from={cfg.init_from}: the tokenizer has {sizes['vocab_size']} tokens but the "
+                f"model only {model_cfg.vocab_size} embeddings; use the folder's own tokenizer.json"
+            )
+        return {k: v for k, v in sizes.items() if k != "vocab_size"}
+    explicit = cfg.model.get("vocab_size")
+    if explicit is not None and explicit != sizes["vocab_size"]:
+        raise zoo.ConfigError(
+            f"model.vocab_size={explicit} but the tokenizer has {sizes['vocab_size']} tokens; "
+            f"drop model.vocab_size (the data decides it) or set data.vocab_size={explicit}"
+        )
+    return sizes
+
+
+HOW_IT_RUNS = ("activation_checkpointing",)  # model fields a resumed run may change: same weights, same outputs
+
+
+def check_same_model(model_cfg: zoo.ModelConfig, checkpoint: dict[str, Any], path: str) -> None:
+    """A resumed run trains the model it checkpointed: the composed model must be that one."""
+    theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"])).to_dict()
+    mine = model_cfg.to_dict()
+    diff = [
+        f"model.{k}={theirs[k]!r} there, {mine[k]!r} here"
+        for k in mine
+        if mine[k] != theirs.get(k) and k not in HOW_IT_RUNS
+    ]
+    if diff:
+        run_dir = Path(path).resolve().parent.parent
+        raise zoo.ConfigError(
+            f"ckpt_path={path} was trained with another model ({'; '.join(diff[:3])}"
+            f"{'; …' if len(diff) > 3 else ''}); continue that run with its own config: "
+            f"zoo-train resume={run_dir} (key=value overrides apply on top)"
+        )
