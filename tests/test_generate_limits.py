@@ -319,7 +319,7 @@ def test_zoo_generate_with_int8_weights_and_kv_cache(ckpt, prompt, ckpts):
     [
         ("quantize=int4", "quantize=int4: weights='int4' needs a CUDA device"),
         ("quantize=int3", "quantize=int3: weights='int3' is not a registered weight precision"),
-        ("kv_cache=int4", "kv_cache=int4 is not a KV-cache precision; choose int8"),
+        ("kv_cache=int4", "kv_cache=int4 is not a KV-cache format; choose int8"),
     ],
 )
 def test_zoo_generate_refuses_a_precision_in_one_line(setting, message, ckpts, capsys):

@@ -11,7 +11,7 @@ from rounding import assert_rounding_close
 
 import zoo
 import zoo.decoding
-from zoo.kv_cache import KVCache, quantize_int8
+from zoo.kv_cache import KV_FORMATS, KVCache, KVFormat, quantize_int8
 
 POSITIONS = zoo.list_components()["position"]
 
@@ -129,3 +129,49 @@ def test_quantisation_error_is_within_half_a_step():
 def test_an_unknown_kv_dtype_is_refused():
     with pytest.raises(zoo.ConfigError, match="kv_dtype='int4'.*int8"):
         tiny_model().new_cache(kv_dtype="int4")
+
+
+class _Halves(KVFormat):
+    """A format of a test's own: keys and values stored as float16, no scales."""
+
+    @staticmethod
+    def pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return x.half(), None
+
+    @staticmethod
+    def unpack(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        return x.to(dtype)
+
+    @staticmethod
+    def value_bytes(head_dim: int, element_size: int) -> float:
+        return 2 * head_dim
+
+
+@pytest.fixture
+def halves():
+    KV_FORMATS.register("test_f16")(_Halves)
+    yield "test_f16"
+    KV_FORMATS.unregister("test_f16")
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_a_kv_format_is_one_registered_class_that_every_path_asks(arch, halves):
+    """A new format is a KVFormat subclass and a name: caches store it, attention without a cache
+    rounds as they do (so cached decoding equals uncached), zoo.stats and zoo.quantize know it."""
+    model = tiny_model(arch=arch, position="rope")
+    zoo.quantize(model, weights=None, kv_cache=halves)
+    prompt = torch.randint(5, 61, (2, 6))
+    cached = model.generate(prompt, 8, eos_token_id=None)
+    assert torch.equal(cached, model.generate(prompt, 8, eos_token_id=None, use_cache=False))
+    cache = model.new_cache()
+    with torch.no_grad():
+        if arch == "decoder":
+            model.features(prompt, cache=cache)
+        else:
+            model.decoder_features(prompt[:, :1], model.encode(prompt), cache=cache)
+    assert {c.k.dtype for c in cache.modules() if isinstance(c, KVCache) and c.k is not None} == {torch.float16}
+    cfg = model.config
+    sized = zoo.stats(cfg, seq_len=32, kv_dtype=halves, dtype=torch.float32).kv_cache_bytes
+    assert sized == zoo.stats(cfg, seq_len=32, dtype=torch.float16).kv_cache_bytes
+    with pytest.raises(zoo.ConfigError, match="kv_cache='test_f32'.*test_f16"):
+        zoo.quantize(model, weights=None, kv_cache="test_f32")

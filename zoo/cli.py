@@ -10,6 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from zoo.kv_cache import KV_FORMATS
 from zoo.presets import list_models
 from zoo.stats import stats
 
@@ -49,8 +50,8 @@ def info_main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--kv-dtype",
         default=None,
-        choices=["int8"],
-        help="the KV cache stored as int8 with a scale per head and position (default: --dtype)",
+        choices=KV_FORMATS.names(),
+        help="how the KV cache is stored (int8: with a scale per head and position; default: --dtype)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)

@@ -31,22 +31,77 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-KV_DTYPES = ("int8",)  # what a cache may store keys and values as, besides their own dtype (None)
+from zoo.registry import Registry
+
+KV_FORMATS: Registry[type[KVFormat]] = Registry("KV-cache format")  # ``kv_dtype`` names one; None: Native
 
 
-def check_kv_dtype(kv_dtype: str | None) -> None:
-    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
-        from zoo.registry import ConfigError
+class KVFormat:
+    """How a cache stores keys and values: ``pack`` on each write, ``unpack`` on each read, ``value_bytes``
+    for the sizes zoo.stats and generate's memory check report. A registered name is a ``kv_dtype``
+    (``zoo.quantize(model, kv_cache=...)``, ``zoo-generate kv_cache=...``, ``zoo-info --kv-dtype``)."""
 
-        raise ConfigError(
-            f"kv_dtype={kv_dtype!r} is not a KV-cache format; choose from {list(KV_DTYPES)} or None "
-            f"(the model's own dtype)"
-        )
+    @staticmethod
+    def pack(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(..., hd) keys or values -> what is stored: the values and their scales (..., 1), or None."""
+        return x, None
+
+    @staticmethod
+    def unpack(x: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
+        """What ``pack`` stored -> (..., hd) in ``dtype``, the keys' own dtype."""
+        return x
+
+    @staticmethod
+    def value_bytes(head_dim: int, element_size: int) -> float:
+        """Bytes one key (or value) of one head and position takes, for keys of ``element_size`` bytes."""
+        return head_dim * element_size
+
+    @classmethod
+    def round_trip(cls, x: Tensor) -> Tensor:
+        """``x`` as a cache of this format gives it back: what attention without a cache reads, so that
+        a forward computes what cached decoding does (``ZooModel.kv_dtype``)."""
+        return cls.unpack(*cls.pack(x), x.dtype)
+
+
+class Native(KVFormat):
+    """Keys and values in their own dtype (``kv_dtype=None``): nothing packed, nothing rounded."""
+
+    @classmethod
+    def round_trip(cls, x: Tensor) -> Tensor:
+        return x
+
+
+@KV_FORMATS.register("int8")
+class Int8(KVFormat):
+    """int8 values with one float32 scale per row, head and position: symmetric absmax over the head's
+    ``hd`` values (x ~ q * max|x| / 127), ``hd`` + 4 bytes instead of 2 * ``hd`` (bf16) or 4 * ``hd``."""
+
+    @staticmethod
+    def pack(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        return quantize_int8(x)
+
+    @staticmethod
+    def unpack(x: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
+        return (x.float() * scale).to(dtype)
+
+    @staticmethod
+    def value_bytes(head_dim: int, element_size: int) -> float:
+        return head_dim + 4
+
+
+def kv_format(kv_dtype: str | None, *, field: str = "kv_dtype") -> type[KVFormat]:
+    """The format a ``kv_dtype`` names (None: :class:`Native`); a ConfigError naming ``field`` and the
+    registered formats for a name that is none of them."""
+    return Native if kv_dtype is None else KV_FORMATS.get(kv_dtype, field=field)
+
+
+def check_kv_dtype(kv_dtype: str | None, *, field: str = "kv_dtype") -> None:
+    kv_format(kv_dtype, field=field)
 
 
 def value_bytes(kv_dtype: str | None, head_dim: int, element_size: int) -> float:
-    """Bytes one key (or value) of one head and position takes: its ``hd`` values and, for int8, their scale."""
-    return head_dim + 4 if kv_dtype == "int8" else head_dim * element_size
+    """Bytes one key (or value) of one head and position takes in a ``kv_dtype`` cache."""
+    return kv_format(kv_dtype).value_bytes(head_dim, element_size)
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -56,12 +111,8 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def round_trip(x: Tensor, kv_dtype: str | None) -> Tensor:
-    """``x`` (..., hd) as a ``kv_dtype`` cache would give it back: what attention without a cache
-    reads when the model's keys and values are int8 (``ZooModel.kv_dtype``)."""
-    if kv_dtype is None:
-        return x
-    q, scale = quantize_int8(x)
-    return (q.float() * scale).to(x.dtype)
+    """``x`` (..., hd) as a ``kv_dtype`` cache would give it back (:meth:`KVFormat.round_trip`)."""
+    return kv_format(kv_dtype).round_trip(x)
 
 
 class _Stored(nn.Module):
@@ -70,17 +121,17 @@ class _Stored(nn.Module):
 
     def __init__(self, kv_dtype: str | None) -> None:
         super().__init__()
-        check_kv_dtype(kv_dtype)
+        self.format = kv_format(kv_dtype)
         self.kv_dtype, self.dtype = kv_dtype, None
         for name in ("k", "v", "k_scale", "v_scale"):
             self.register_buffer(name, None, persistent=False)
 
     def _pack(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         self.dtype = self.dtype or x.dtype
-        return quantize_int8(x) if self.kv_dtype == "int8" else (x, None)
+        return self.format.pack(x)
 
     def _unpack(self, x: Tensor, scale: Tensor | None) -> Tensor:
-        return x if scale is None else (x.float() * scale).to(self.dtype)
+        return self.format.unpack(x, scale, self.dtype)
 
     def get(self) -> tuple[Tensor, Tensor]:
         """The keys and values held, (B, KV, held, hd), in the dtype they were written in."""
@@ -139,11 +190,11 @@ class KVCache(_Stored):
         self.held = min(self.keep, joined[0].shape[2])
         start = joined[0].shape[2] - self.held
         kept = [t[:, :, start:].clone() for t in joined]
-        self.k, self.v = kept[:2]
-        if self.kv_dtype is not None:
-            self.k_scale, self.v_scale = kept[2:]
-            return self._unpack(joined[0], joined[2]), self._unpack(joined[1], joined[3])
-        return joined[0], joined[1]
+        self.k, self.v, *scales = kept
+        if scales:
+            self.k_scale, self.v_scale = scales
+        k_scale, v_scale = joined[2:] or (None, None)
+        return self._unpack(joined[0], k_scale), self._unpack(joined[1], v_scale)
 
     def set(self, k: Tensor, v: Tensor) -> None:
         """Hold keys/values that never change (cross-attention over the encoder output)."""

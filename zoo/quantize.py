@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.adapters import adapted_layers
-from zoo.kv_cache import KV_DTYPES
+from zoo.kv_cache import check_kv_dtype
 from zoo.registry import ConfigError, Registry
 
 WEIGHTS: Registry[Callable[[nn.Module], None]] = Registry("weight precision")
@@ -64,10 +64,7 @@ def quantize(model: nn.Module, weights: str | None = "int8", kv_cache: str | Non
             take (int4 on the CPU, int8 of a bfloat16 model on the CPU, a model in training mode, ...).
             The message names the value and what works instead.
     """
-    if kv_cache is not None and kv_cache not in KV_DTYPES:
-        raise ConfigError(
-            f"kv_cache={kv_cache!r} is not a KV-cache precision; valid: {', '.join(map(repr, KV_DTYPES))} or None"
-        )
+    check_kv_dtype(kv_cache, field="kv_cache")  # a registered KV_FORMATS name or None
     apply = None if weights is None else WEIGHTS.get(weights, field="weights")
     if apply is not None:
         _check_quantizable(model, weights)

@@ -37,11 +37,9 @@ def for_inference(task: ZooTask, cfg: DictConfig) -> None:
     weights, kv_cache = cfg.get("quantize"), cfg.get("kv_cache")
     if weights is None and kv_cache is None:
         return
-    if kv_cache is not None and kv_cache not in zoo.kv_cache.KV_DTYPES:
-        raise UserError(
-            f"kv_cache={kv_cache} is not a KV-cache precision; choose {' or '.join(zoo.kv_cache.KV_DTYPES)}"
-            f", or null for the weights' own"
-        )
+    if kv_cache is not None and kv_cache not in zoo.kv_cache.KV_FORMATS:
+        formats = " or ".join(zoo.kv_cache.KV_FORMATS.names())
+        raise UserError(f"kv_cache={kv_cache} is not a KV-cache format; choose {formats}, or null for the weights' own")
     task.merge_adapter()
     try:
         zoo.quantize(task.model, weights=weights, kv_cache=kv_cache)
