@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
 from hydra_plugins.zoo_optuna_sweeper._names import ERROR, INTERRUPTED, JOB_DIR, RETRY_OF
 from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
-from tasks.cli.common import conf_dir
+from tasks.cli.schemas import conf_dir
 
 # the gpt_generator experiment at seconds a trial (as in test_tasks.py), without progress bars
 TINY = [

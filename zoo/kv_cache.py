@@ -127,7 +127,8 @@ class _Stored(nn.Module):
             self.register_buffer(name, None, persistent=False)
 
     def _pack(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        self.dtype = self.dtype or x.dtype
+        if self.dtype is None:  # (an nn.Module attribute write is slow: once per cache, not per step)
+            self.dtype = x.dtype
         return self.format.pack(x)
 
     def _unpack(self, x: Tensor, scale: Tensor | None) -> Tensor:
@@ -158,12 +159,16 @@ class KVCache(_Stored):
         super().__init__(kv_dtype)
         self.capacity, self.keep = capacity, keep
         self.length = 0  # positions written so far: the position of the next one
-        self.held = 0  # positions stored: the last ``held`` of them (= length without ``keep``)
 
     @property
     def offset(self) -> int:
         """The position of the next key written."""
         return self.length
+
+    @property
+    def held(self) -> int:
+        """Positions stored: the last ``held`` of ``length`` (all of them without ``keep``)."""
+        return self.length if self.keep is None or self.length < self.keep else self.keep
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (B, KV, T, hd); return the keys/values to attend over: those held
@@ -176,7 +181,7 @@ class KVCache(_Stored):
             self._grow(max(new_length, 2 * (0 if self.k is None else self.k.shape[2]), self.capacity), k, k_scale)
         for stored, new in zip(self._stored(), (k, v, k_scale, v_scale), strict=False):
             stored[:, :, self.length : new_length] = new
-        self.length = self.held = new_length
+        self.length = new_length
         return self.get()
 
     def _append_bounded(self, *new: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -185,10 +190,9 @@ class KVCache(_Stored):
         assert self.keep is not None
         self.length += new[0].shape[2]
         joined = [t for t in new if t is not None]  # k, v (, k_scale, v_scale)
-        if self.held:
+        if self.k is not None:
             joined = [torch.cat([old, t], dim=2) for old, t in zip(self._stored(), joined, strict=True)]
-        self.held = min(self.keep, joined[0].shape[2])
-        start = joined[0].shape[2] - self.held
+        start = joined[0].shape[2] - self.held  # the last min(keep, length) positions stay
         kept = [t[:, :, start:].clone() for t in joined]
         self.k, self.v, *scales = kept
         if scales:
@@ -199,7 +203,7 @@ class KVCache(_Stored):
     def set(self, k: Tensor, v: Tensor) -> None:
         """Hold keys/values that never change (cross-attention over the encoder output)."""
         (self.k, self.k_scale), (self.v, self.v_scale) = self._pack(k), self._pack(v)
-        self.length = self.held = k.shape[2]
+        self.length = k.shape[2]
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the caches of the surviving beams)."""
