@@ -147,3 +147,20 @@ def test_memory_scripts_run_tiny_from_a_checkout(name, tmp_path):
         losses = {round(r["loss"], 4) for r in results}
         assert len(results) == 6 and len(losses) == 1  # the six variants compute one function
         assert {r["loss_kind"] for r in results if r["side"] == "zoo"} == {"whole", "chunked"}
+
+
+@pytest.mark.slow
+def test_decoding_bench_tiny_reports_eager_against_eager(tmp_path):
+    """scripts/bench/decoding.py at a tiny size: every variant decodes the same tokens, and each row
+    carries its ratio to transformers' eager generate (the equal-precision comparison) and to the faster HF."""
+    decoding = _script("decoding")
+    out = decoding.main(
+        ["--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64", "--batches", "1"]
+        + ["--new-tokens", "4", "--rounds", "1", "--warmup", "1", "--json", str(tmp_path / "d.json")]
+    )
+    rows = {row["variant"]: row for row in out["rows"]}
+    assert set(rows) == set(decoding.VARIANTS) and all(row["same_tokens"] for row in rows.values())
+    assert rows["hf"]["vs_hf_eager"] == 1.0
+    for row in rows.values():
+        assert row["vs_hf_eager"] == pytest.approx(row["tokens_per_s"] / rows["hf"]["tokens_per_s"])
+    assert json.loads((tmp_path / "d.json").read_text())["rows"][0]["vs_hf_eager"] == rows["zoo"]["vs_hf_eager"]

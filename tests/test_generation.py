@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_model
 
 import zoo
+import zoo.decoding
 from zoo.generation import filter_logits
 
 POSITIONS = zoo.list_components()["position"]
@@ -146,3 +147,16 @@ def test_more_beams_than_distinct_continuations_are_refused():
         model.generate(src, max_new_tokens=2, num_beams=17, eos_token_id=None)
     with pytest.raises(zoo.ConfigError, match=r"num_beams=1000000000 "):  # refused before anything is allocated
         tiny_model().generate(src, max_new_tokens=3, num_beams=10**9)
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_generated_ids_feed_a_forward_that_autograd_records(compile_, monkeypatch):
+    """generate decodes under inference_mode; what it returns is an ordinary tensor, so a training step
+    on generated text (self-training, RL from samples) can save it for backward."""
+    monkeypatch.setattr(zoo.decoding, "compiled", lambda step: step)
+    model = tiny_model(position="rope")
+    out = model.generate(torch.randint(5, 61, (2, 4)), 6, eos_token_id=None, compile=compile_)
+    assert not out.is_inference() and not torch.is_inference_mode_enabled()
+    model.train()
+    model(out).logsumexp(-1).mean().backward()
+    assert model.embed.weight.grad is not None

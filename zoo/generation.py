@@ -138,7 +138,6 @@ class GenerationMixin:
         its ``max_len``); None when they are unbounded."""
         return position_limit(self.config)
 
-    @torch.no_grad()
     def generate(
         self,
         input_ids: Prompts,
@@ -214,23 +213,25 @@ class GenerationMixin:
         self._check_memory(ids.shape[0] * num_beams, start, new, max_new_tokens, device)
         caching = "static" if compile else "dynamic" if use_cache else None
         started = time.perf_counter()
-        out = self._decode(
-            steps_cls,
-            ids,
-            mask,
-            new,
-            num_beams=num_beams,
-            caching=caching,
-            eos=eos,
-            pad=pad,
-            length_penalty=length_penalty,
-            repeats=repeats,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            generator=generator,
-        )
+        with torch.inference_mode():  # no autograd bookkeeping at all (no_grad still counts versions and views)
+            out = self._decode(
+                steps_cls,
+                ids,
+                mask,
+                new,
+                num_beams=num_beams,
+                caching=caching,
+                eos=eos,
+                pad=pad,
+                length_penalty=length_penalty,
+                repeats=repeats,
+                do_sample=do_sample,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                generator=generator,
+            )
+        out = out.clone()  # an ordinary tensor: the ids may feed a later forward that autograd records
         count_generated((out.shape[1] - start) * out.shape[0], time.perf_counter() - started)
         if new < max_new_tokens and _stopped_by_length(out[:, start:], new, eos):
             warnings.warn(
