@@ -176,13 +176,17 @@ class KVCache(_Stored):
         (k, k_scale), (v, v_scale) = self._pack(k), self._pack(v)
         if self.keep is not None:
             return self._append_bounded(k, v, k_scale, v_scale)
-        new_length = self.length + k.shape[2]
-        if self.k is None or new_length > self.k.shape[2]:
-            self._grow(max(new_length, 2 * (0 if self.k is None else self.k.shape[2]), self.capacity), k, k_scale)
-        for stored, new in zip(self._stored(), (k, v, k_scale, v_scale), strict=False):
-            stored[:, :, self.length : new_length] = new
-        self.length = new_length
-        return self.get()
+        start, stored = self.length, self._stored()  # (buffers read once: each read is an nn.Module lookup)
+        end = start + k.shape[2]
+        if not stored or end > stored[0].shape[2]:
+            self._grow(max(end, 2 * (stored[0].shape[2] if stored else 0), self.capacity), k, k_scale)
+            stored = self._stored()
+        for buffer, new in zip(stored, (k, v, k_scale, v_scale), strict=False):
+            buffer[:, :, start:end] = new
+        self.length = end
+        held = [t[:, :, :end] for t in stored]  # k, v (, k_scale, v_scale)
+        k_scale, v_scale = held[2:] or (None, None)
+        return self._unpack(held[0], k_scale), self._unpack(held[1], v_scale)
 
     def _append_bounded(self, *new: Tensor | None) -> tuple[Tensor, Tensor]:
         """``append`` that keeps only the last ``keep`` positions, in their own storage (a view of the
