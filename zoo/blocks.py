@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttention
 from zoo.config import ModelConfig
-from zoo.kv_cache import Cache
+from zoo.kv_cache import Cache, LayerCaches
 from zoo.mask import MaskMod, document_positions
 from zoo.norm import build_norm
 from zoo.position import Position
@@ -52,16 +52,15 @@ class Block(nn.Module):
         x: Tensor,
         inputs: AttentionInputs,
         *,
-        cache: Cache | None = None,
-        layer: int = 0,
+        cache: LayerCaches | None = None,
         memory: Tensor | None = None,
         memory_inputs: AttentionInputs | None = None,
     ) -> Tensor:
+        """``cache``: this layer's (self-attention, cross-attention) caches (``Cache.layers``)."""
         drop = self.drop if self.training and self.drop.p else _unchanged  # eval: no call per sublayer
-        self_cache = None if cache is None else cache.self_attn[layer]
+        self_cache, cross_cache = (None, None) if cache is None else cache
         x = self.attn_res(x, lambda h: drop(self.attn(h, inputs, cache=self_cache)))
         if self.cross_attn is not None:
-            cross_cache = None if cache is None else cache.cross_attn[layer]
             x = self.cross_res(x, lambda h: drop(self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory)))
         return self.ffn_res(x, lambda h: drop(self.ffn(h)))
 
@@ -168,20 +167,14 @@ class Stack(nn.Module):
             keep = _padding(memory_mask)
             memory_inputs = AttentionInputs(mask=None if keep is None else keep[:, None, None, :])
         every = self.checkpoint_every if self.checkpointing(cache) else 0
-        for i, block in enumerate(self.blocks):
+        layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
             if every and i % every == 0:  # keep the block's inputs only; recompute it in backward
                 x = checkpoint(
-                    block,
-                    x,
-                    inputs,
-                    use_reentrant=False,
-                    cache=cache,
-                    layer=i,
-                    memory=memory,
-                    memory_inputs=memory_inputs,
+                    block, x, inputs, use_reentrant=False, cache=None, memory=memory, memory_inputs=memory_inputs
                 )
             else:
-                x = block(x, inputs, cache=cache, layer=i, memory=memory, memory_inputs=memory_inputs)
+                x = block(x, inputs, cache=layer_cache, memory=memory, memory_inputs=memory_inputs)
         return x if self.final_norm is None else self.final_norm(x)
 
     def checkpointing(self, cache: Cache | None = None) -> bool:

@@ -272,6 +272,9 @@ class StaticKVCache(_Stored):
             stored.copy_(stored.index_select(0, index))
 
 
+LayerCaches = tuple["KVCache | StaticKVCache", "KVCache | None"]  # one block's self- and cross-attention caches
+
+
 class Cache(nn.Module):
     """The caches of a whole model: one per self-attention layer, one per cross-attention layer.
     ``keep`` bounds the self-attention caches to the last ``keep`` positions (the decoder mask's
@@ -299,6 +302,8 @@ class Cache(nn.Module):
         self.cross_attn = (
             nn.ModuleList(KVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers)) if cross else None
         )
+        crosses = [None] * n_layers if self.cross_attn is None else list(self.cross_attn)
+        self.layers: list[LayerCaches] = list(zip(self.self_attn, crosses, strict=True))  # what each block reads
 
     @property
     def length(self) -> int:
