@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from test_export_safety import export_in_process
+from test_export_safety import assert_one_line_error, export_in_process
 from test_reliability import one_line_error, run
 from test_tasks import STEPS, TINY
 from tokenizers import Tokenizer, models
@@ -275,3 +275,34 @@ def test_specials_keep_a_chat_template_and_read_old_records(tmp_path):
     assert read_hf_tokenizer(tmp_path)[1].chat_template == TEMPLATE
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")  # transformers 5 writes it there
     assert read_hf_tokenizer(tmp_path)[1].chat_template == "{{ messages }}"
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_export_as_the_checkpoint(llama_ckpt, exported):
+    """Where llama-cpp-python is built, zoo-export's check runs llama.cpp itself on the staged file."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    out, said = exported
+    assert "llama.cpp runs it: max abs diff" in said and said.count("same greedy tokens") == 2
+    task, _ = load_task(llama_ckpt)
+    prompt = type(task.model).example_inputs(task.model.config)["input_ids"][1]
+    llm = llama_cpp.Llama(str(out / "model.gguf"), n_ctx=64, logits_all=True, verbose=False)
+    llm.eval(prompt.tolist())
+    theirs = torch.tensor(llm.scores[: len(prompt)])
+    llm.close()
+    with torch.no_grad():
+        ours = task.model(prompt[None])[0]
+    assert (ours - theirs).abs().max().item() < 0.02 * ours.abs().max().item()  # llama.cpp's f16 KV cache
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@pytest.mark.slow
+def test_an_export_llama_cpp_disagrees_with_is_one_line_and_writes_nothing(llama_ckpt, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("llama_cpp")
+    monkeypatch.setattr("tasks.cli.export_gguf.LLAMA_CPP_TOLERANCE", {"f32": 0.0})  # no rounding allowed
+    out = tmp_path / "strict"
+    with pytest.raises(SystemExit) as stop:
+        export_in_process(monkeypatch, f"ckpt_path={llama_ckpt}", f"out={out}", "format=gguf")
+    assert stop.value.code == 2 and not out.exists() and not list(tmp_path.iterdir())  # no staged folder left
+    err = capsys.readouterr().err
+    assert_one_line_error(err)
+    assert "llama.cpp's run of the f32 file gives logits" in err

@@ -8,6 +8,12 @@ transformers and accelerate are installed, by transformers' own GGUF loading (an
 - its logits differ from the checkpoint's by at most :data:`TOLERANCE` for f32, f16 and bf16;
 - its greedy tokens equal the checkpoint's for f32 and f16. q8_0 and q4_0 trade accuracy by design:
   their logit difference and how many greedy tokens agree are reported, not refused.
+
+Where ``llama-cpp-python`` is installed (it builds llama.cpp from source), llama.cpp itself runs the
+staged file too: its logits on the unpadded prompt are within :data:`LLAMA_CPP_TOLERANCE` of the
+checkpoint's (llama.cpp keeps its KV cache in f16, so even an f32 file moves the logits by f16
+rounding) and, for f32 and f16, it decodes the checkpoint's greedy tokens; for q8_0 and q4_0 the
+agreement is reported.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ TOLERANCE = {"f32": (1e-4, False), "f16": (1e-2, True), "bf16": (5e-2, True)}
 weights' own numbers; f16 and bf16 round each weight by up to 2^-11 and 2^-8 of it, which moves the
 logits by about that fraction times the depth. q8_0 and q4_0 have none (reported)."""
 SAME_TOKENS = ("f32", "f16")  # dtypes whose greedy tokens must be the checkpoint's
+LLAMA_CPP_TOLERANCE = {"f32": 2e-2, "f16": 3e-2, "bf16": 6e-2}
+"""dtype -> largest difference of llama.cpp's logits from the checkpoint's, relative to the largest logit
+(measured on zoo's llama, qwen2 and gpt2 exports: at most 0.2% for f32, 0.4% for f16)."""
 NEW_TOKENS = 16
 READER_SETTINGS: dict[str, Callable[[zoo.ModelConfig], dict[str, Any]]] = {
     "gpt2": lambda cfg: {"n_positions": cfg.max_seq_len, "n_inner": cfg.resolved_d_ff},
@@ -57,6 +66,11 @@ class Checked:
     diff: float
     agree: int
     tokens: int
+
+    def tokens_said(self) -> str:
+        if self.agree == self.tokens:
+            return "same greedy tokens"
+        return f"greedy tokens: the first {self.agree} of {self.tokens} agree"
 
 
 def require_gguf() -> None:
@@ -104,15 +118,16 @@ def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], ca
         if card is not None:
             atomic_write_text(stage / "README.md", card)
         checked = check_gguf(task, stage, arch, dtype)
+        by_llama_cpp = check_llama_cpp(task, stage, dtype)
     where = f"exported {out}/{FILE} (llama.cpp {arch}, {dtype})"
+    if by_llama_cpp is not None:
+        where += f"; llama.cpp runs it: max abs diff {by_llama_cpp.diff:.3g}, {by_llama_cpp.tokens_said()}"
     if checked is None:
         return float("nan"), f"{where} (not checked: transformers' GGUF loading needs transformers and accelerate)"
-    tokens = (
-        "same greedy tokens"
-        if checked.agree == checked.tokens
-        else f"greedy tokens: the first {checked.agree} of {checked.tokens} agree"
+    return (
+        checked.diff,
+        f"{where}; transformers' GGUF reload vs zoo: max abs diff {checked.diff:.3g}, {checked.tokens_said()}",
     )
-    return checked.diff, f"{where}; transformers' GGUF reload vs zoo: max abs diff {checked.diff:.3g}, {tokens}"
 
 
 def check_gguf(task: ZooTask, folder: Path, arch: str, dtype: str) -> Checked | None:
@@ -181,3 +196,49 @@ def greedy(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, steps: int) ->
         for _ in range(steps):
             ids = torch.cat([ids, logits_of(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)  # (1, T + 1)
     return ids[0, prompt.shape[1] :].tolist()
+
+
+def check_llama_cpp(task: ZooTask, folder: Path, dtype: str) -> Checked | None:
+    """llama.cpp's own run of ``folder/model.gguf`` against the checkpoint (see the module's docstring);
+    a UserError when it disagrees. None where ``llama_cpp`` (llama-cpp-python) is not installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    import llama_cpp
+
+    model = task.model
+    prompt = type(model).example_inputs(model.config)["input_ids"][1:]  # (1, T): the unpadded row
+    steps = NEW_TOKENS if model.max_positions is None else min(NEW_TOKENS, model.max_positions - prompt.shape[1])
+    with contextlib.redirect_stderr(io.StringIO()):  # llama.cpp prints its load log there
+        llm = llama_cpp.Llama(
+            str(folder / FILE),
+            n_ctx=prompt.shape[1] + steps,
+            logits_all=True,
+            verbose=False,
+            n_threads=torch.get_num_threads(),
+        )
+    try:
+        llm.eval(prompt[0].tolist())
+        theirs = torch.tensor(llm.scores[: prompt.shape[1]])  # (T, V)
+        decoded = []
+        for _ in range(steps):
+            decoded.append(int(torch.tensor(llm.scores[llm.n_tokens - 1]).argmax()))
+            llm.eval(decoded[-1:])
+    finally:
+        llm.close()
+    with torch.no_grad():
+        want = model(prompt, torch.ones_like(prompt))[0].float()  # (T, V)
+    diff = (want - theirs).abs().max().item()
+    limit = LLAMA_CPP_TOLERANCE.get(dtype)
+    if limit is not None and diff > limit * max(1.0, want.abs().max().item()):
+        raise UserError(
+            f"format=gguf: llama.cpp's run of the {dtype} file gives logits {diff:.3g} from the checkpoint's "
+            f"(more than {limit:.0%} of the largest); nothing was written. Please report this composition"
+        )
+    ours = greedy(lambda ids: model(ids, torch.ones_like(ids)), prompt, steps)
+    agree = next((i for i, (a, b) in enumerate(zip(ours, decoded, strict=True)) if a != b), steps)
+    if dtype in SAME_TOKENS and agree < steps:
+        raise UserError(
+            f"format=gguf: llama.cpp decodes the {dtype} file as other greedy tokens than the checkpoint "
+            f"({decoded} vs {ours}); nothing was written. Please report this"
+        )
+    return Checked(diff, agree, steps)
