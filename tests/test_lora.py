@@ -10,7 +10,8 @@ from rounding import assert_rounding_close
 
 import zoo
 from zoo import adapters
-from zoo.adapters import LoRALinear
+from zoo.adapters import LoRALinear, resolve_targets
+from zoo.sublayer import Sublayer
 
 FORMS = ["encoder", "decoder", "encoder_decoder"]
 GQA = dict(n_heads=4, n_kv_heads=2)  # head_dim 8: q rows 0..31, k rows 32..47, v rows 48..63 of qkv
@@ -225,3 +226,30 @@ def test_wrapped_layer_keeps_the_base_parameters():
     wrapped = base.decoder.blocks[0].attn.qkv
     assert isinstance(wrapped, LoRALinear) and wrapped.weight is qkv.weight
     assert "decoder.blocks.0.attn.qkv.weight" in base.state_dict()
+
+
+def test_a_sublayer_declares_its_fused_segments_and_lora_adapts_each_alone():
+    """LoRA asks the sublayer (Sublayer.fused_segments), not its class: a new component with a fused
+    projection of its own is adapted segment by segment, and a plain module's Linear is one segment."""
+
+    class TwoHeads(Sublayer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.both = torch.nn.Linear(8, 6)
+
+        def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
+            return {"both": [("left", 4), ("right", 2)]}
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.both(x)
+
+    model = torch.nn.Sequential(TwoHeads(), torch.nn.Linear(6, 3))
+    assert resolve_targets(model, ["0.both.right", "1"]) == {"0.both": ["right"], "1": ["1"]}
+    zoo.adapters.apply(model, rank=2, targets=["0.both.right"])
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        before = model[0](x)
+        model[0].both.lora_B["right"].fill_(0.5)  # move only the adapted rows
+        after = model[0](x)
+    assert set(model[0].both.lora_A) == {"right"}
+    assert torch.equal(after[:, :4], before[:, :4]) and not torch.allclose(after[:, 4:], before[:, 4:])

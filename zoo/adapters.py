@@ -35,11 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.attention import CrossAttention, SelfAttention
-from zoo.ffn import GLU
 from zoo.io import CheckpointError
 from zoo.models import count_parameters
 from zoo.registry import ConfigError, Registry
+from zoo.sublayer import Sublayer
 
 ADAPTERS: Registry[Any] = Registry("adapter")
 
@@ -151,17 +150,11 @@ class LoRALinear(nn.Linear):
 
 
 def segments_of(parent: nn.Module, attr: str, linear: nn.Linear) -> list[tuple[str, int]]:
-    """The named row blocks of ``parent.<attr>``: [q, k, v] of self-attention's ``qkv``, [k, v] of
-    cross-attention's ``kv``, [gate, up] of a GLU's ``fc``; one segment named ``attr`` otherwise."""
-    if isinstance(parent, SelfAttention) and attr == "qkv":
-        q, kv = parent.n_heads * parent.head_dim, parent.n_kv_heads * parent.head_dim
-        return [("q", q), ("k", kv), ("v", kv)]
-    if isinstance(parent, CrossAttention) and attr == "kv":
-        kv = parent.n_kv_heads * parent.head_dim
-        return [("k", kv), ("v", kv)]
-    if isinstance(parent, GLU) and attr == "fc":
-        return [("gate", linear.out_features // 2), ("up", linear.out_features // 2)]
-    return [(attr, linear.out_features)]
+    """The named row blocks of ``parent.<attr>``, as the sublayer declares them (``Sublayer.fused_segments``:
+    [q, k, v] of self-attention's ``qkv``, [k, v] of cross-attention's ``kv``, [gate, up] of a GLU's
+    ``fc``); one segment named ``attr`` otherwise."""
+    fused = parent.fused_segments() if isinstance(parent, Sublayer) else {}
+    return fused.get(attr, [(attr, linear.out_features)])
 
 
 def _linear_layers(model: nn.Module) -> dict[str, tuple[nn.Module, str, list[tuple[str, int]]]]:

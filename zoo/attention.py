@@ -41,6 +41,7 @@ from zoo.config import ModelConfig
 from zoo.kv_cache import KVCache, round_trip
 from zoo.position import ScoreMod, apply_rotary
 from zoo.registry import ATTENTION, ConfigError
+from zoo.sublayer import Sublayer
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -257,7 +258,7 @@ class Math(AttentionKernel):
         return probs.type_as(v) @ v  # (B, H, Tq, hd)
 
 
-class Attention(nn.Module):
+class Attention(Sublayer):
     """What self- and cross-attention share: the head sizes, the kernel and the output projection.
 
     Each subclass makes its input projections in ``_input_projections`` (called before ``out`` is
@@ -295,7 +296,6 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def residual_projections(self) -> list[nn.Linear]:
-        """The layers that write into the residual stream (init scales them down with depth)."""
         return [self.out]
 
     @property
@@ -356,6 +356,10 @@ class SelfAttention(Attention):
     def query_weight(self) -> Tensor:
         return self.qkv.weight[: self.n_heads * self.head_dim]
 
+    def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return {"qkv": [("q", q), ("k", kv), ("v", kv)]}
+
     def forward(self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None) -> Tensor:
         """x: (B, T, D); with a cache, its keys and values come first. Returns (B, T, D)."""
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -380,6 +384,10 @@ class CrossAttention(Attention):
 
     def query_weight(self) -> Tensor:
         return self.q.weight
+
+    def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
+        kv = self.n_kv_heads * self.head_dim
+        return {"kv": [("k", kv), ("v", kv)]}
 
     def forward(
         self, x: Tensor, inputs: AttentionInputs, *, cache: KVCache | None = None, memory: Tensor | None = None

@@ -17,11 +17,12 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.registry import FFN
+from zoo.sublayer import Sublayer
 
 Activation = Callable[[Tensor], Tensor]
 
 
-class MLP(nn.Module):
+class MLP(Sublayer):
     gated: ClassVar[bool] = False  # a GLU: its default width is 2/3 of the plain MLP's (resolved_d_ff)
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
@@ -42,7 +43,6 @@ class MLP(nn.Module):
         return cls(cfg.d_model, cfg.resolved_d_ff, act=cls.activation(cfg), bias=cfg.bias)
 
     def residual_projections(self) -> list[nn.Linear]:
-        """The layers that write into the residual stream (init scales them down with depth)."""
         return [self.proj]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -55,6 +55,10 @@ class GLU(MLP):
     def __init__(self, d_model: int, d_ff: int, *, act: Activation, bias: bool) -> None:
         super().__init__(d_model, d_ff, act=act, bias=bias)
         self.fc = nn.Linear(d_model, 2 * d_ff, bias=bias)  # [gate; up]
+
+    def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
+        half = self.fc.out_features // 2
+        return {"fc": [("gate", half), ("up", half)]}
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.fc(x).chunk(2, dim=-1)  # (B, T, d_ff) each

@@ -30,6 +30,7 @@ from zoo.generation import GenerationMixin
 from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
+from zoo.sublayer import Sublayer
 
 
 class ZooModel(GenerationMixin, nn.Module):
@@ -119,8 +120,8 @@ class ZooModel(GenerationMixin, nn.Module):
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
             attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
-        for module in self.modules():  # a component marks its residual outputs; a user's may have none
-            for proj in module.residual_projections() if hasattr(module, "residual_projections") else ():
+        for module in self.modules():  # each sublayer declares its residual outputs
+            for proj in module.residual_projections() if isinstance(module, Sublayer) else ():
                 nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
 
     def new_cache(self, capacity: int = 256, *, static: bool = False, kv_dtype: str | None = "model") -> Cache:
