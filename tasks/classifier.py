@@ -72,14 +72,6 @@ class ClassifierTask(ZooTask):
         return loss
 
     @torch.no_grad()
-    def predict_text(self, text: str) -> tuple[str, float]:
-        """The most likely label of ``text`` and its probability."""
-        ids = torch.tensor([self.tokenizer.encode(text).ids], device=self.device)
-        probs = self(ids).softmax(-1)[0]
-        best = int(probs.argmax())
-        return self.label_names[best], float(probs[best])
-
-    @torch.no_grad()
     def respond(self, prompt: str, *, top: int, **_: Any) -> str:
         """The ``top`` most likely labels of ``prompt``, one ``label<TAB>probability`` line each."""
         probs = self(torch.tensor([self.prompt_ids(prompt)], device=self.device)).softmax(-1)[0]

@@ -62,6 +62,11 @@ class Position(nn.Module):
     def embed(self, position_ids: Tensor) -> Tensor | None:
         return None
 
+    def attention_table_params(self) -> int:
+        """Parameters held in nn.Embedding tables that are attention parameters by role (a learned
+        bias per head and distance, T5), which zoo.stats does not count as embedding parameters."""
+        return 0
+
     def rotary(self, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
         return None
 
@@ -270,6 +275,9 @@ class T5Relative(Position):
         return cls(
             cfg.n_heads, bidirectional=not causal, num_buckets=cfg.rel_buckets, max_distance=cfg.rel_max_distance
         )
+
+    def attention_table_params(self) -> int:
+        return self.table.weight.numel()  # a bias per head and bucket: attention by role
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The dense fast path of ``score_mod`` (whole rows of the table per bucket, where the derived

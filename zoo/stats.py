@@ -19,7 +19,6 @@ from torch import nn
 from zoo.config import ModelConfig
 from zoo.kv_cache import check_kv_dtype, value_bytes
 from zoo.models import ZooModel, build_model, count_parameters
-from zoo.position import T5Relative
 from zoo.presets import get_config
 
 
@@ -66,7 +65,7 @@ def stats(
     seq_len = seq_len or cfg.max_seq_len or 2048
     params = count_parameters(model)
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
-    embedding -= _relative_tables(model)
+    embedding -= sum(stack.position.attention_table_params() for stack in model.stacks())
     non_embedding = params - embedding
     form = cfg.form  # what differs between the forms: its head, its attention and cached layers
     tied_head = form.has_vocab_head(cfg) and cfg.tie_embeddings
@@ -90,8 +89,3 @@ def stats(
         dtype=str(dtype).removeprefix("torch."),
         kv_dtype=kv_dtype or str(dtype).removeprefix("torch."),
     )
-
-
-def _relative_tables(model: nn.Module) -> int:
-    """T5's relative-position tables are embeddings by type but attention parameters by role."""
-    return sum(m.table.weight.numel() for m in model.modules() if isinstance(m, T5Relative))
