@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from conftest import tiny_config, tiny_model
 
 import zoo
-from zoo.attention import Attention, AttentionInputs, CrossAttention, Scoring, SelfAttention
+from zoo.attention import Attention, AttentionInputs, CrossAttention, SelfAttention
+from zoo.kernels import Scoring
 from zoo.norm import LayerNorm, RMSNorm
 from zoo.position import ALiBi, RoPE, Sinusoidal, T5Relative, alibi_slopes, apply_rotary, t5_relative_bucket
 from zoo.registry import MASK

@@ -17,7 +17,8 @@ from torch import Tensor
 
 import zoo
 import zoo.attention
-from zoo.attention import AttentionInputs, flex_applies
+from zoo.attention import AttentionInputs
+from zoo.kernels import Auto, flex_applies
 from zoo.mask import Mask
 from zoo.position import Position
 
@@ -159,7 +160,7 @@ def test_auto_is_sdpa_on_the_cpu_and_asks_for_mods_on_cuda():
 def test_auto_where_flex_applies_equals_math(arch, mask, extra, position, monkeypatch):
     """attention='auto' as it runs on CUDA (the device check lifted): FlexMods where they apply, else sdpa."""
     as_on_cuda = classmethod(lambda cls, _device, **kw: flex_applies("cuda", **kw))
-    monkeypatch.setattr(zoo.attention.Auto, "reads_flex_mods", as_on_cuda)
+    monkeypatch.setattr(Auto, "reads_flex_mods", as_on_cuda)
     overrides = dict(arch=arch, position=position, **extra)
     if mask is not None:
         overrides["mask"] = mask

@@ -143,14 +143,7 @@ class Stack(nn.Module):
             raise ValueError("document_ids cannot be used with a filled KV cache: decode one document at a time")
         if position_ids is None:
             position_ids = q_pos if document_ids is None else document_positions(document_ids)  # (T,) or (B, T)
-        pe = self.position.embed(position_ids)
-        if pe is not None:
-            x = x + pe.to(x.dtype)
-        if self.embed_norm is not None:
-            x = self.embed_norm(x)
-        if self.training and self.drop.p:
-            x = self.drop(x)
-
+        x = self._embedded(x, position_ids)
         inputs = self._self_attention_inputs(
             past,
             q_pos,
@@ -176,6 +169,16 @@ class Stack(nn.Module):
             else:
                 x = block(x, inputs, cache=layer_cache, memory=memory, memory_inputs=memory_inputs)
         return x if self.final_norm is None else self.final_norm(x)
+
+    def _embedded(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        """Embedded tokens (B, T, D) with the position embedding added, normalised where the placement
+        asks, and dropped out while training."""
+        pe = self.position.embed(position_ids)
+        if pe is not None:
+            x = x + pe.to(x.dtype)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return self.drop(x) if self.training and self.drop.p else x
 
     def checkpointing(self, cache: Cache | None = None) -> bool:
         """Whether this forward checkpoints blocks: a policy is set, the stack trains, autograd
