@@ -15,6 +15,7 @@ import optuna
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import get_class
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -146,7 +147,8 @@ def test_the_pruning_callback_is_named_by_the_callbacks_config():
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=gpt_generator"])
     node = cfg.callbacks.optuna_pruning
-    assert node._target_ == f"{OptunaPruning.__module__}.{OptunaPruning.__name__}"
+    assert node._target_ == "hydra_plugins.zoo_optuna_sweeper.OptunaPruning"  # the package's name, no private module
+    assert get_class(node._target_) is OptunaPruning
     assert node.monitor == cfg.monitor.metric
 
 
