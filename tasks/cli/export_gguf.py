@@ -162,13 +162,7 @@ def check_gguf(task: ZooTask, folder: Path, arch: str, dtype: str) -> Checked | 
     steps = NEW_TOKENS if model.max_positions is None else min(NEW_TOKENS, model.max_positions - prompt.shape[1])
     ours = greedy(lambda ids: model(ids, torch.ones_like(ids)), prompt, steps)
     decoded = greedy(lambda ids: theirs(input_ids=ids).logits, prompt, steps)
-    agree = next((i for i, (a, b) in enumerate(zip(ours, decoded, strict=True)) if a != b), steps)
-    if dtype in SAME_TOKENS and agree < steps:
-        raise UserError(
-            f"format=gguf: transformers' reading of the {dtype} file decodes other greedy tokens than "
-            f"the checkpoint ({decoded} vs {ours}); nothing was written. Please report this"
-        )
-    return Checked(diff, agree, steps)
+    return Checked(diff, agreed(ours, decoded, dtype, "transformers' reading of"), steps)
 
 
 def hf_reading(folder: Path, arch: str, cfg: zoo.ModelConfig) -> Any:
@@ -187,6 +181,18 @@ def hf_reading(folder: Path, arch: str, cfg: zoo.ModelConfig) -> Any:
             ).eval()
     finally:
         logging.set_verbosity(verbosity)
+
+
+def agreed(ours: list[int], decoded: list[int], dtype: str, reader: str) -> int:
+    """How many greedy tokens, from the first, ``reader`` the file decodes as the checkpoint does; a
+    UserError where they differ for a dtype that must give the same tokens (:data:`SAME_TOKENS`)."""
+    agree = next((i for i, (a, b) in enumerate(zip(ours, decoded, strict=True)) if a != b), len(ours))
+    if dtype in SAME_TOKENS and agree < len(ours):
+        raise UserError(
+            f"format=gguf: {reader} the {dtype} file decodes other greedy tokens than the checkpoint "
+            f"({decoded} vs {ours}); nothing was written. Please report this"
+        )
+    return agree
 
 
 def greedy(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, steps: int) -> list[int]:
@@ -235,10 +241,4 @@ def check_llama_cpp(task: ZooTask, folder: Path, dtype: str) -> Checked | None:
             f"(more than {limit:.0%} of the largest); nothing was written. Please report this composition"
         )
     ours = greedy(lambda ids: model(ids, torch.ones_like(ids)), prompt, steps)
-    agree = next((i for i, (a, b) in enumerate(zip(ours, decoded, strict=True)) if a != b), steps)
-    if dtype in SAME_TOKENS and agree < steps:
-        raise UserError(
-            f"format=gguf: llama.cpp decodes the {dtype} file as other greedy tokens than the checkpoint "
-            f"({decoded} vs {ours}); nothing was written. Please report this"
-        )
-    return Checked(diff, agree, steps)
+    return Checked(diff, agreed(ours, decoded, dtype, "llama.cpp's run of"), steps)
