@@ -6,10 +6,10 @@
     zoo.to_hf(model, "out")  # a folder transformers' Auto classes load, no trust_remote_code
 
 Supported ``model_type``s: ``bert``, ``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``t5``, one :class:`Family`
-record each in the registry :data:`FAMILIES` (zoo/hf/gpt2.py, bert.py, t5.py, rope_decoders.py). A family's weight map runs in
-both directions (zoo/hf/mapping.py); HF's separate projections are fused into zoo's single matmuls
-by stacking rows and split again on the way out. ``transformers`` is optional: a folder is read
-and written with safetensors and JSON alone.
+record each in the registry :data:`FAMILIES` (zoo/hf/gpt2.py, bert.py, t5.py, rope_decoders.py).
+A family's weight map runs in both directions (zoo/hf/mapping.py); HF's separate projections are
+fused into zoo's single matmuls by stacking rows and split again on the way out. ``transformers`` is
+optional: a folder is read and written with safetensors and JSON alone.
 """
 
 from __future__ import annotations
