@@ -23,41 +23,37 @@ writes into the run directory (printed at the end; ``outputs/attention/runs/<dat
 By form: an encoder (classifier, masked LM) and a decoder (generator) read ``prompt`` (or ``text``); an
 encoder-decoder reads it as the source and ``target`` as the decoder's text, or, without
 ``target``, its own greedy translation (decoder inputs: the start token, then the target tokens).
+
+This module reads the model and the text and runs the verb; ``attention_plots.py`` draws the
+figures, ``attention_heads.py`` makes the per-head table.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
-import matplotlib
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from rich.console import Console
-from rich.table import Table
 from tokenizers import Tokenizer
 from torch import Tensor
 
 import zoo
+from tasks.cli.attention_heads import flag_counts, head_rows, markdown, print_table, thresholds_line
+from tasks.cli.attention_plots import write_figures
 from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.console import literal, quote_free_text
 from tasks.cli.pretrained import load_model_task
 from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
-from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, layers_by_kind
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-from matplotlib.colors import PowerNorm  # noqa: E402
+from zoo.inspect import capture_attention
 
 VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "$": r"\$"})  # "$" would start mathtext
-FILE_STEM = {"encoder self": "encoder_self", "decoder self": "decoder_self", "cross": "cross"}
 
 
 @dataclass
@@ -67,16 +63,6 @@ class Inputs:
     ids: list[int]  # the text (encoder, decoder) or the source (encoder_decoder)
     target: list[int] | None = None  # encoder_decoder: decoder inputs, start token first
     notes: list[str] = field(default_factory=list)  # what was cut or generated, for titles and the table
-
-
-@dataclass
-class HeadRow:
-    module: str
-    kind: str
-    layer: int
-    head: int
-    stats: HeadStats
-    flags: list[str]
 
 
 def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
@@ -224,128 +210,6 @@ def capture(model: zoo.ZooModel, inputs: Inputs) -> dict[str, Tensor]:
     return {name: p[0] for name, p in probs.items()}
 
 
-def _layer(name: str) -> int:
-    return int(name.split(".blocks.")[1].split(".")[0])
-
-
-def _tick_size(n: int, inches: float) -> float:
-    """A font size (points) that lets n labels share ``inches`` without overlapping."""
-    return max(3.5, min(9.0, 0.8 * inches * 72 / max(n, 1)))
-
-
-def _panel_inches(n: int) -> float:
-    return max(2.8, min(9.0, 0.17 * n + 1.2))
-
-
-def plot_layer(
-    path: Path, probs: Tensor, title: str, q_labels: list[str], k_labels: list[str], rows: list[HeadRow]
-) -> None:
-    """One figure for one layer: a panel per head, a shared colour bar. Probabilities are on one
-    0..1 scale for every head, square-root spaced so that weak links stay visible; keys a query
-    cannot see are grey."""
-    H, Tq, Tk = probs.shape
-    cols = math.ceil(math.sqrt(H))
-    n_rows = math.ceil(H / cols)
-    width, height = _panel_inches(Tk), _panel_inches(Tq)
-    fig, axes = plt.subplots(
-        n_rows, cols, figsize=(cols * width + 1.2, n_rows * (height + 0.5) + 0.9), squeeze=False, layout="constrained"
-    )
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
-    hidden = ~(probs > 0).any(dim=0)  # (Tq, Tk): masked for every head
-    image = None
-    for h, ax in enumerate(axes.flat):
-        if h >= H:
-            ax.axis("off")
-            continue
-        values = probs[h].float().masked_fill(hidden, math.nan).numpy()
-        image = ax.imshow(
-            values, cmap=cmap, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest", aspect="auto"
-        )
-        row = rows[h]
-        flags = f" [{', '.join(row.flags)}]" if row.flags else ""
-        ax.set_title(f"head {h}{flags}\nnormalised entropy {row.stats.norm_entropy.item():.2f}", fontsize=9)
-        ax.set_xticks(range(Tk), k_labels, rotation=90, fontsize=_tick_size(Tk, width))
-        ax.set_yticks(range(Tq), q_labels, fontsize=_tick_size(Tq, height))
-        ax.tick_params(length=0)
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention probability (square-root scale)")
-    fig.suptitle(title, fontsize=11)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_rollout(path: Path, rollout: Tensor, title: str, labels: list[str]) -> None:
-    """The (T, T) rollout: row i = how much position i at the top of the stack draws from each input token."""
-    T = rollout.shape[0]
-    side = _panel_inches(T) + 1.5
-    fig, ax = plt.subplots(figsize=(side + 1.2, side + 0.6), layout="constrained")
-    image = ax.imshow(
-        rollout.numpy(), cmap="magma", norm=PowerNorm(0.5, vmin=0.0, vmax=float(rollout.max())), interpolation="nearest"
-    )
-    ax.set_xticks(range(T), labels, rotation=90, fontsize=_tick_size(T, side))
-    ax.set_yticks(range(T), labels, fontsize=_tick_size(T, side))
-    ax.set_xlabel("input token")
-    ax.set_ylabel("position at the top of the stack")
-    ax.tick_params(length=0)
-    fig.colorbar(image, ax=ax, shrink=0.7, label="rolled-out attention (square-root scale)")
-    ax.set_title(title, fontsize=10)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def head_rows(maps: dict[str, Tensor], cfg: DictConfig) -> list[HeadRow]:
-    """Stats and flags of every head, in stack and layer order."""
-    rows = []
-    for kind, names in layers_by_kind(maps).items():
-        for name in names:
-            stats = head_stats(maps[name], self_attention=kind != "cross")
-            flags = stats.flags(flat=cfg.flat_threshold, sink=cfg.sink_threshold, diagonal=cfg.diagonal_threshold)
-            for h, names_h in enumerate(flags):
-                one = HeadStats(*(getattr(stats, f)[h : h + 1] for f in HeadStats.__dataclass_fields__))
-                rows.append(HeadRow(name, kind, _layer(name), h, one, names_h))
-    return rows
-
-
-COLUMNS = [
-    "module",
-    "kind",
-    "layer",
-    "head",
-    "entropy (nats)",
-    "normalised entropy",
-    "first-token mass",
-    "self mass",
-    "previous mass",
-    "flags",
-]
-SHORT = ["module", "kind", "layer", "head", "H nats", "H/Hmax", "first", "self", "prev", "flags"]  # console
-
-
-def _cells(row: HeadRow) -> list[str]:
-    def number(t: Tensor) -> str:
-        value = t.item()
-        return "–" if math.isnan(value) else f"{value:.3f}"
-
-    s = row.stats
-    return [
-        row.module,
-        row.kind,
-        str(row.layer),
-        str(row.head),
-        number(s.entropy),
-        number(s.norm_entropy),
-        number(s.first_mass),
-        number(s.self_mass),
-        number(s.prev_mass),
-        ", ".join(row.flags),
-    ]
-
-
-def markdown(rows: list[HeadRow], header: list[str]) -> str:
-    lines = [*header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 @user_errors
 def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     """Everything zoo-attention does, into ``out``; returns a summary (files written, flag counts).
@@ -356,41 +220,11 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     maps = capture(model, inputs)
     src_labels = token_labels(tokenizer, inputs.ids)
     tgt_labels = token_labels(tokenizer, inputs.target) if inputs.target is not None else None
-    axes = {
-        "encoder self": (src_labels, src_labels),
-        "decoder self": (tgt_labels or src_labels,) * 2,
-        "cross": (tgt_labels, src_labels),
-    }  # (query labels, key labels)
     rows = head_rows(maps, cfg)
-    note = f"\n{'; '.join(inputs.notes)}" if inputs.notes else ""
 
     out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for kind, names in layers_by_kind(maps).items() if cfg.plots else ():
-        q_labels, k_labels = axes[kind]
-        for name in names:
-            path = out / f"{FILE_STEM[kind]}_layer{_layer(name)}.png"
-            axes_note = "target queries down, source keys across" if kind == "cross" else "queries down, keys across"
-            title = f"{name}: {kind}-attention, layer {_layer(name)} ({axes_note}){note}"
-            plot_layer(path, maps[name], title, q_labels, k_labels, [r for r in rows if r.module == name])
-            written.append(path)
-        if kind != "cross":
-            stack = kind.split()[0]
-            rollout = attention_rollout([maps[n] for n in names])
-            path = out / f"rollout_{stack}.png"
-            plot_rollout(
-                path,
-                rollout,
-                f"attention rollout, {stack} self-attention\n({len(names)} layers; heads "
-                f"averaged, identity added for the residual){note}",
-                q_labels,
-            )
-            written.append(path)
-
-    thresholds = (
-        f"flat: normalised entropy > {cfg.flat_threshold}; sink: first-token mass > {cfg.sink_threshold}; "
-        f"diagonal / previous: self / previous mass > {cfg.diagonal_threshold}"
-    )
+    written = write_figures(out, maps, rows, src_labels, tgt_labels, inputs.notes) if cfg.plots else []
+    thresholds = thresholds_line(cfg)
     text = the_text(cfg)  # prompt= or text=
     header = [
         f"# Attention heads of {source}",
@@ -402,23 +236,13 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     ]
     (out / "heads.md").write_text(markdown(rows, header), encoding="utf-8")
     written.append(out / "heads.md")
+    print_table(rows, thresholds, inputs.notes)
 
-    table = Table(title=f"attention heads ({thresholds})")
-    for column in SHORT:
-        table.add_column(column, justify="left" if column in ("module", "kind", "flags") else "right", no_wrap=True)
-    for row in rows:
-        table.add_row(*_cells(row), style="bold" if row.flags else None)
-    console = Console(width=max(Console().width, 120))  # the full table, also when piped
-    console.print(table)
-    counts = {flag: sum(flag in r.flags for r in rows) for flag in ("flat", "sink", "diagonal", "previous")}
-    for n in inputs.notes:
-        console.print(f"note: {n}")
-    console.print(f"{len(rows)} heads: " + ", ".join(f"{n} {flag}" for flag, n in counts.items()))
     written.append(out / "summary.json")
     summary = {
         "files": [p.name for p in written],
         "heads": len(rows),
-        "flags": counts,
+        "flags": flag_counts(rows),
         "tokens": src_labels,
         "target_tokens": tgt_labels,
         "notes": inputs.notes,
