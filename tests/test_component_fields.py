@@ -23,6 +23,7 @@ VARIED = {
     "rope_base": 500.0,
     "rope_scaling": "linear",
     "rope_scaling_factor": 2.0,
+    "rope_original_max_len": 32,
     "rel_buckets": 16,
     "rel_max_distance": 20,
     "gelu_approximate": "tanh",

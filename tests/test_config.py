@@ -34,7 +34,7 @@ from zoo.registry import POSITION
         (dict(pooler=True), r"pooler=True is an encoder head"),
         (dict(arch="encoder", n_encoder_layers=2), r"n_encoder_layers/n_decoder_layers are for arch='encoder_decoder'"),
         (dict(type_vocab_size=2), r"type_vocab_size .* is for arch='encoder'"),
-        (dict(rope_scaling="yarn"), r"rope_scaling='yarn'"),
+        (dict(rope_scaling="longrope"), r"rope_scaling='longrope' is not a registered rope_scaling"),
         (dict(rope_scaling="linear", rope_scaling_factor=0.5), r"rope_scaling_factor=0.5 must be >= 1"),
         (dict(gelu_approximate="erf"), r"gelu_approximate='erf'"),
         (dict(position="t5_relative", rel_buckets=7), r"rel_buckets=7 must be even"),

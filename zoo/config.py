@@ -61,8 +61,9 @@ class ModelConfig:
     logit_scale: float = 1.0  # multiplies the final hidden state before the LM head (T5 v1.0: d_model**-0.5)
     embed_scale: float = 1.0  # multiplies the token embeddings (Vaswani et al. 2017, Gemma: d_model**0.5)
     rope_base: float = 10000.0
-    rope_scaling: str = "none"  # "none", "linear" (position interpolation) or "ntk" (NTK-aware base)
+    rope_scaling: str = "none"  # zoo.position.ROPE_SCALINGS: none, linear (position interpolation), ntk, yarn
     rope_scaling_factor: float = 1.0
+    rope_original_max_len: int | None = None  # yarn: the context length before the extension
     rel_buckets: int = 32  # t5_relative
     rel_max_distance: int = 128
     type_vocab_size: int = 0  # encoder: segment (token type) embeddings when > 0
@@ -225,6 +226,7 @@ class ModelConfig:
             "n_encoder_layers",
             "n_decoder_layers",
             "max_seq_len",
+            "rope_original_max_len",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
@@ -274,10 +276,6 @@ class ModelConfig:
                 raise ConfigError(f"{name}={value} must be > 0")
         if self.gelu_approximate not in ("none", "tanh"):
             raise ConfigError(f"gelu_approximate={self.gelu_approximate!r} must be 'none' or 'tanh'")
-        if self.rope_scaling not in ("none", "linear", "ntk"):
-            raise ConfigError(f"rope_scaling={self.rope_scaling!r} must be 'none', 'linear' or 'ntk'")
-        if self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
-            raise ConfigError(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (the context extension)")
 
 
 def _either(names: list[str]) -> str:

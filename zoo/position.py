@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.mask import index_grids, over_keys, refuse_half_rules
-from zoo.registry import POSITION, ConfigError
+from zoo.registry import POSITION, ConfigError, Registry
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
 
@@ -143,24 +143,116 @@ class Learned(Position):
         return self.table(position_ids)
 
 
+class RopeScaling:
+    """A RoPE context extension (``rope_scaling``, in ROPE_SCALINGS): how it changes the frequencies,
+    the positions and the size of q and k; each hook here is the identity. ``factor``: the extension
+    (``rope_scaling_factor``); ``original_max_len``: the context before it (``rope_original_max_len``)."""
+
+    def __init__(self, factor: float = 1.0, original_max_len: int | None = None) -> None:
+        self.factor, self.original_max_len = factor, original_max_len
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this scaling cannot work with (RoPE.check calls it)."""
+        if cfg.rope_scaling_factor < 1.0:
+            raise ConfigError(f"rope_scaling_factor={cfg.rope_scaling_factor} must be >= 1 (the context extension)")
+
+    def base(self, base: float, head_dim: int) -> float:
+        return base
+
+    def inv_freq(self, inv_freq: Tensor, base: float, head_dim: int) -> Tensor:
+        """The frequencies (hd/2,) of pairs that turn ``inv_freq`` rad per position without scaling."""
+        return inv_freq
+
+    def positions(self, pos: Tensor) -> Tensor:
+        return pos
+
+    @property
+    def attention_factor(self) -> float:  # multiplies cos and sin, so q.k by its square
+        return 1.0
+
+
+ROPE_SCALINGS: Registry[type[RopeScaling]] = Registry("rope_scaling")
+
+
+@ROPE_SCALINGS.register("none")
+class NoScaling(RopeScaling):
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """The rotation as trained: nothing to check (``rope_scaling_factor`` is not read)."""
+
+
+@ROPE_SCALINGS.register("linear")
+class LinearScaling(RopeScaling):
+    """Chen et al. 2023, position interpolation (https://arxiv.org/abs/2306.15595): positions / factor."""
+
+    def positions(self, pos: Tensor) -> Tensor:
+        return pos * (1.0 / self.factor)
+
+
+@ROPE_SCALINGS.register("ntk")
+class NTKScaling(RopeScaling):
+    """bloc97's NTK-aware base, base * factor^(hd/(hd-2)): the lowest frequency / factor, the highest kept."""
+
+    def base(self, base: float, head_dim: int) -> float:
+        return base * self.factor ** (head_dim / (head_dim - 2))
+
+
+@ROPE_SCALINGS.register("yarn")
+class YaRN(RopeScaling):
+    """Peng et al. 2023, "YaRN" (https://arxiv.org/abs/2309.00071), sec. 3.2 and 3.4. NTK-by-parts: a
+    pair that turns r = L / wavelength times over the original context L keeps its frequency when
+    r > beta_fast, is divided by the factor when r < beta_slow, and in between is blended along a
+    linear ramp over the pair index. Attention temperature: cos and sin times 0.1 ln(factor) + 1."""
+
+    beta_fast: ClassVar[float] = 32.0  # the paper's beta for Llama (its alpha is beta_slow)
+    beta_slow: ClassVar[float] = 1.0
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
+        if cfg.rope_original_max_len is None:
+            raise ConfigError("rope_scaling='yarn' needs rope_original_max_len, the context length trained at")
+
+    def _pair(self, rotations: float, base: float, head_dim: int) -> float:
+        """The (fractional) pair index i whose wavelength 2 pi base^(2i/hd) fits ``rotations`` times in L."""
+        return head_dim * math.log(self.original_max_len / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    def inv_freq(self, inv_freq: Tensor, base: float, head_dim: int) -> Tensor:
+        low = max(math.floor(self._pair(self.beta_fast, base, head_dim)), 0)
+        high = min(math.ceil(self._pair(self.beta_slow, base, head_dim)), head_dim - 1)
+        i = torch.arange(inv_freq.shape[0], device=inv_freq.device, dtype=torch.float32)
+        ramp = ((i - low) / ((high - low) or 1e-3)).clamp(0, 1)  # (hd/2,) 0: kept, 1: interpolated
+        return inv_freq * (1 - ramp * (1 - 1 / self.factor))  # = (1 - ramp) * inv_freq + ramp * inv_freq / factor
+
+    @property
+    def attention_factor(self) -> float:
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+
 @POSITION.register("rope")
 class RoPE(Position):
     """Su et al. 2021 (RoFormer): rotate each pair of q/k dimensions by the angle p * theta_i,
     theta_i = base^(-2i/hd), so that <R_m q, R_n k> depends on m - n only.
 
     Pairs are (i, i + hd/2) ("rotate half", the layout of GPT-NeoX and HF Llama). Context extension:
-    ``linear`` divides positions by the factor (Chen et al. 2023, position interpolation); ``ntk``
-    raises the base to base * factor^(hd/(hd-2)) (bloc97's NTK-aware scaling), which stretches the
-    low frequencies and leaves the highest nearly intact.
+    ``rope_scaling``, a :class:`RopeScaling` of ROPE_SCALINGS (none, linear, ntk, yarn), by ``rope_scaling_factor``.
     """
 
-    reads = frozenset({"rope_base", "rope_scaling", "rope_scaling_factor"})
+    reads = frozenset({"rope_base", "rope_scaling", "rope_scaling_factor", "rope_original_max_len"})
 
-    def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        scaling: str = "none",
+        factor: float = 1.0,
+        original_max_len: int | None = None,
+    ) -> None:
         super().__init__()
         self.head_dim = head_dim
-        self.base = base * factor ** (head_dim / (head_dim - 2)) if scaling == "ntk" else base
-        self.position_scale = 1.0 / factor if scaling == "linear" else 1.0
+        self.scaling = ROPE_SCALINGS.get(scaling, field="rope_scaling")(factor, original_max_len)
+        self.base = self.scaling.base(base, head_dim)
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -168,22 +260,26 @@ class RoPE(Position):
             raise ConfigError(
                 f"position={cfg.position!r} rotates pairs of dimensions: head_dim={cfg.resolved_head_dim} must be even"
             )
+        ROPE_SCALINGS.get(cfg.rope_scaling, field="rope_scaling").check(cfg)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> RoPE:
-        return cls(cfg.resolved_head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor)
+        return cls(
+            cfg.resolved_head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor, cfg.rope_original_max_len
+        )
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:
         i = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
-        return self.base ** (-i / self.head_dim)  # (hd/2,)
+        return self.scaling.inv_freq(self.base ** (-i / self.head_dim), self.base, self.head_dim)  # (hd/2,)
 
     def rotary(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        pos = position_ids.float() * self.position_scale
+        pos = self.scaling.positions(position_ids.float())
         angles = pos[..., None] * self.inv_freq(position_ids.device)  # (..., T, hd/2)
         angles = torch.cat((angles, angles), dim=-1)  # (..., T, hd)
         if angles.dim() == 3:  # per-sequence positions (left padding): (B, 1, T, hd)
             angles = angles[:, None]
-        return angles.cos(), angles.sin()
+        scale = self.scaling.attention_factor
+        return (angles.cos(), angles.sin()) if scale == 1.0 else (angles.cos() * scale, angles.sin() * scale)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

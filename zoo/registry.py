@@ -68,7 +68,8 @@ class Registry(Generic[T]):
             return self._items[name]
         field = field or self.family
         valid = ", ".join(sorted(self._items))
-        close = difflib.get_close_matches(str(name), self._items, n=1, cutoff=0.5)
+        prefixes = sorted((n for n in self._items if str(name).startswith(n)), key=len)  # pre_norm -> pre
+        close = prefixes[-1:] or difflib.get_close_matches(str(name), self._items, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"{field}={name!r} is not a registered {self.family}; valid names: {valid}.{hint}")
 

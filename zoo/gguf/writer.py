@@ -43,7 +43,7 @@ def gguf_exportable(model: ZooModel | ModelConfig) -> str:
         unfit = FAMILIES.get(arch.family).unfit
         problems = unfit(cfg) if unfit else []
         fields = {p.split("=")[0] for p in problems}
-        problems += [p for p in arch.unfit(cfg) if p.split("=")[0] not in fields]
+        problems += [p for p in arch.unfit(cfg) + _scaling_unfit(cfg, arch) if p.split("=")[0] not in fields]
         if not problems:
             return name
         found[name] = problems
@@ -53,6 +53,14 @@ def gguf_exportable(model: ZooModel | ModelConfig) -> str:
         f"closest, {name}, differs in {'; '.join(problems)}. Export it with format=safetensors or "
         "format=onnx, or change those settings"
     )
+
+
+def _scaling_unfit(cfg: ModelConfig, arch: Arch) -> list[str]:
+    """A RoPE scaling other than none and linear: llama.cpp has yarn, but zoo.from_gguf reads back
+    none and linear only, so zoo writes no yarn keys it would refuse to read."""
+    if not arch.rope or cfg.rope_scaling in ("none", "linear"):
+        return []
+    return [f"rope_scaling={cfg.rope_scaling} (zoo's GGUF files carry none or linear)"]
 
 
 def to_gguf(

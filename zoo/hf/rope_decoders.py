@@ -4,11 +4,13 @@ the records at the end."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from zoo.config import ModelConfig
 from zoo.hf.families import BUFFERS, WINDOW, attn_dropout, differs, ids, lm_class, plain
 from zoo.hf.mapping import FAMILIES, Family, Mapper, activation, first, token_id
+from zoo.position import YaRN
 
 
 # ---- Llama, Mistral and Qwen2 --------------------------------------------------------------------------
@@ -24,10 +26,40 @@ def _rope(c: Any) -> dict[str, Any]:
         return {"rope_base": base}
     if kind == "linear":
         return {"rope_base": base, "rope_scaling": "linear", "rope_scaling_factor": float(params["factor"])}
+    if kind == "yarn":
+        return {"rope_base": base, **_yarn(c, params)}
     raise ValueError(
-        f"rope_type={kind!r} is not supported; supported: 'default', 'linear' (zoo's 'ntk' is a "
+        f"rope_type={kind!r} is not supported; supported: 'default', 'linear', 'yarn' (zoo's 'ntk' is a "
         "fixed NTK-aware base, not HF's length-dependent 'dynamic')"
     )
+
+
+def _yarn(c: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """YaRN's factor and original context (read as transformers reads them: a top-level
+    ``original_max_position_embeddings`` first, then the parameter, then ``max_position_embeddings``;
+    no factor: their ratio). The rest zoo fixes (YaRN's class attributes): other values are refused."""
+    original = int(
+        getattr(c, "original_max_position_embeddings", None)
+        or params.get("original_max_position_embeddings")
+        or c.max_position_embeddings
+    )
+    factor = float(params.get("factor") or c.max_position_embeddings / original)
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        raise ValueError(
+            f"rope_parameters mscale={params['mscale']} with mscale_all_dim={params['mscale_all_dim']} (DeepSeek's "
+            "attention factor) is not supported: zoo's yarn has attention_factor = 0.1 ln(factor) + 1"
+        )
+    temperature, attention = YaRN(factor).attention_factor, params.get("attention_factor")
+    found = {
+        "beta_fast": (params.get("beta_fast") or 32, YaRN.beta_fast),
+        "beta_slow": (params.get("beta_slow") or 1, YaRN.beta_slow),
+        "truncate": (params.get("truncate", True), True),
+        "attention_factor": (temperature if attention is None else attention, temperature),
+    }
+    for key, (value, wanted) in found.items():
+        if value != wanted and not (isinstance(value, float) and math.isclose(value, wanted, rel_tol=1e-6)):
+            raise ValueError(f"rope_parameters {key}={value} is not supported: zoo's yarn has {key}={wanted}")
+    return {"rope_scaling": "yarn", "rope_scaling_factor": factor, "rope_original_max_len": original}
 
 
 def _llama_config(c: Any) -> ModelConfig:
@@ -139,7 +171,7 @@ def _rope_decoder_unfit(
             norm=("rmsnorm",),
             norm_placement=("pre",),
             ffn=("swiglu",),
-            rope_scaling=("none", "linear"),
+            rope_scaling=("none", "linear", "yarn"),
             attn_scale=(None,),
             logit_scale=(1.0,),
             **bias,
@@ -163,10 +195,17 @@ def _qwen2_unfit(cfg: ModelConfig) -> list[str]:
     return problems
 
 
+def _rope_write(cfg: ModelConfig) -> dict[str, Any]:
+    """``rope_parameters`` for ``rope_scaling`` none, linear or yarn (what ``_rope`` reads back)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_base}
+    if cfg.rope_scaling in ("linear", "yarn"):
+        rope |= {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
+    if cfg.rope_scaling == "yarn":
+        rope["original_max_position_embeddings"] = cfg.rope_original_max_len
+    return rope
+
+
 def _llama_write(cfg: ModelConfig) -> dict[str, Any]:
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_base}
-    if cfg.rope_scaling == "linear":
-        rope = {"rope_type": "linear", "rope_theta": cfg.rope_base, "factor": cfg.rope_scaling_factor}
     return {
         "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layers,
@@ -179,7 +218,7 @@ def _llama_write(cfg: ModelConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_seq_len or 2048,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_base,
-        "rope_parameters": rope,
+        "rope_parameters": _rope_write(cfg),
         "attention_bias": cfg.bias,
         "mlp_bias": cfg.bias,
         "attention_dropout": attn_dropout(cfg),
