@@ -9,14 +9,13 @@ exists; the report never creates one). Writes ``sweep_report.md`` and
     zoo-sweep-report outputs/gpt_generator/multiruns/2026-11-29_14-00-00
 
 (also ``python -m hydra_plugins.zoo_optuna_sweeper.report``). It lives with the sweeper, whose trial
-attributes it reads by the names in ``_names``.
+attributes it reads by the names in ``_names``; the figures are drawn in ``_figures``.
 """
 
 # No `from __future__ import annotations` here: Hydra's plugin scan runs this module (its name has no
 # leading underscore) before it is in sys.modules, where dataclasses cannot resolve string annotations.
 import argparse
 import math
-import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from hydra_plugins.zoo_optuna_sweeper._figures import plot
 from hydra_plugins.zoo_optuna_sweeper._files import (
     SweepError,
     first_line,
@@ -299,77 +299,6 @@ def markdown(sweep: Sweep) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
-
-
-def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
-    """One PNG per swept parameter: the metric against it. Numbers on a linear or (log-searched or
-    spanning two decades) log axis; other values as a box and jittered points per value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    best = sweep.best_trial()
-    for name in sweep.params:
-        shown = [t for t in sweep.trials if name in t.params and t.value is not None and not math.isnan(t.value)]
-        if not shown:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-        values = [t.params[name] for t in shown]
-        numeric = name not in sweep.categorical and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
-        )
-        if numeric:
-            xs = [float(v) for v in values]
-        else:
-            categories = sorted({str(v) for v in values}, key=_category_order)
-            position = {c: i for i, c in enumerate(categories)}
-            groups = [[t.value for t in shown if str(t.params[name]) == c] for c in categories]
-            ax.boxplot(groups, positions=range(len(categories)), widths=0.5, showfliers=False)
-            ax.set_xticks(range(len(categories)), categories)
-            jitter = [((t.number * 0.618) % 1 - 0.5) * 0.25 for t in shown]
-            xs = [position[str(v)] + j for v, j in zip(values, jitter, strict=True)]
-        for state, style in (
-            ("COMPLETE", {"color": "tab:blue", "label": "complete"}),
-            ("PRUNED", {"facecolors": "none", "edgecolors": "tab:orange", "label": "pruned (last report)"}),
-            ("INCOMPLETE", {"facecolors": "none", "edgecolors": "tab:gray", "label": "incomplete"}),
-        ):
-            pts = [(x, t.value) for x, t in zip(xs, shown, strict=True) if t.state == state]
-            if pts:
-                ax.scatter(*zip(*pts, strict=True), s=36, zorder=3, **style)
-        if best is not None and best in shown:
-            ax.scatter(
-                [xs[shown.index(best)]],
-                [best.value],
-                marker="*",
-                s=220,
-                color="tab:red",
-                zorder=4,
-                label=f"best (trial {best.number})",
-            )
-        if numeric and (name in sweep.log_params or (min(xs) > 0 and max(xs) / min(xs) >= 100)):
-            ax.set_xscale("log")
-        ax.set_xlabel(name)
-        ax.set_ylabel(f"{sweep.metric} ({'lower' if sweep.mode == 'min' else 'higher'} is better)")
-        ax.set_title(f"{sweep.metric} vs {name} ({len(shown)} trials)")
-        ax.ticklabel_format(axis="y", useOffset=False)  # the metric's own values, not "1e-5 + 5.698"
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / f"sweep_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name.lstrip('+'))}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def _category_order(text: str) -> tuple[bool, float, str]:
-    """Numbers first, by value; then the other labels, alphabetically."""
-    try:
-        return False, float(text), text
-    except ValueError:
-        return True, 0.0, text
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -17,175 +17,36 @@ The GPU run of scripts/gpu_check.sh is scripts/bench/device.py.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-import zoo
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # a checkout's scripts/bench/ is no package: its helpers are imported from here
+    sys.path.insert(0, str(HERE))
 
-FAMILIES = ("gpt2", "llama", "bert", "t5")
-HERE = Path(__file__).resolve().parent  # the memory probe's fresh process imports this file from here
+from _hf_models import FAMILIES, hf_model, train_steps  # noqa: E402
+from _peak_memory import peak_memory  # noqa: E402
+from _peak_memory import peak_rss as _peak_rss  # noqa: E402, F401 (memory.py and lora.py import it from here)
+from _peak_memory import reset_peak_rss as _reset_peak_rss  # noqa: E402, F401 (as _peak_rss)
+from _side_by_side import Result, alternate, report, summarize  # noqa: E402
 
-
-@dataclass
-class Result:
-    name: str
-    zoo_tokens_per_s: float
-    hf_tokens_per_s: float
-    zoo_spread: tuple[float, float]
-    hf_spread: tuple[float, float]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float:
-        return self.zoo_tokens_per_s / self.hf_tokens_per_s
-
-
-def hf_model(family: str, *, layers: int, d: int, heads: int, vocab: int, ctx: int):
-    """A randomly initialised HF model of the family, without dropout, in train mode."""
-    import transformers as tf
-
-    ff = 4 * d
-    if family == "gpt2":
-        cfg = tf.GPT2Config(
-            n_layer=layers,
-            n_embd=d,
-            n_head=heads,
-            vocab_size=vocab,
-            n_positions=ctx,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        return tf.GPT2LMHeadModel(cfg)
-    if family == "llama":
-        cfg = tf.LlamaConfig(
-            hidden_size=d,
-            intermediate_size=ff * 2 // 3,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=heads // 3 or 1,
-            vocab_size=vocab,
-            max_position_embeddings=ctx,
-            tie_word_embeddings=False,
-        )
-        return tf.LlamaForCausalLM(cfg)
-    if family == "bert":
-        cfg = tf.BertConfig(
-            hidden_size=d,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=ff,
-            vocab_size=vocab,
-            max_position_embeddings=ctx,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-        return tf.BertForMaskedLM(cfg)
-    if family == "t5":
-        cfg = tf.T5Config(
-            d_model=d,
-            d_ff=ff,
-            d_kv=d // heads,
-            num_layers=layers,
-            num_heads=heads,
-            vocab_size=vocab,
-            dropout_rate=0.0,
-            decoder_start_token_id=0,
-        )
-        return tf.T5ForConditionalGeneration(cfg)
-    raise ValueError(f"unknown family {family!r}; choose from {FAMILIES}")
-
-
-def train_steps(family: str, hf, ours, batch: int, length: int) -> tuple[Callable[[], None], Callable[[], None]]:
-    """One optimizer step of each side on the same batch: forward, cross-entropy, backward, AdamW."""
-    g = torch.Generator().manual_seed(0)
-    vocab = ours.config.vocab_size
-    ids = torch.randint(5, vocab, (batch, length), generator=g)
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
-    opt_zoo = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    if family in ("gpt2", "llama"):
-        hf_loss = lambda: hf(input_ids=ids, labels=ids).loss
-        zoo_loss = lambda: F.cross_entropy(ours(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
-    elif family == "bert":
-        labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
-        hf_loss = lambda: hf(input_ids=ids, labels=labels).loss
-        chosen = labels != -100  # zoo's mlm task runs the head on the masked positions only, as here
-        zoo_loss = lambda: F.cross_entropy(ours.mlm_logits(ours(ids)[chosen]).float(), labels[chosen])
-    else:
-        target = ids[:, : length // 2].contiguous()
-        dec = torch.cat([torch.zeros_like(target[:, :1]), target[:, :-1]], dim=1)
-        hf_loss = lambda: hf(input_ids=ids, labels=target).loss
-        zoo_loss = lambda: F.cross_entropy(ours(ids, dec).flatten(0, 1).float(), target.flatten())
-
-    def step(loss_fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:
-        def run() -> None:
-            opt.zero_grad(set_to_none=True)
-            loss_fn().backward()
-            opt.step()
-
-        return run
-
-    return step(zoo_loss, opt_zoo), step(hf_loss, opt_hf)
-
-
-def alternate(
-    zoo_fn: Callable[[], None],
-    hf_fn: Callable[[], None],
-    tokens: int,
-    rounds: int,
-    steps: int,
-    autocast: bool,
-    warmup: int = 1,
-) -> tuple[list[float], list[float]]:
-    """tokens/s of each side over ``rounds`` rounds of ``steps`` calls, in alternating order."""
-    zoo_rates, hf_rates = [], []
-    for fn in (zoo_fn, hf_fn):  # warm-up: first-call allocations, lazy inits, compilation
-        with _maybe_autocast(autocast):
-            for _ in range(warmup):
-                fn()
-    for r in range(rounds):
-        order = [(zoo_fn, zoo_rates), (hf_fn, hf_rates)]
-        for fn, rates in order if r % 2 == 0 else order[::-1]:
-            with _maybe_autocast(autocast):
-                start = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                rates.append(tokens * steps / (time.perf_counter() - start))
-    return zoo_rates, hf_rates
-
-
-def _maybe_autocast(enabled: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
-
-
-def summarize(name: str, zoo_rates: list[float], hf_rates: list[float], **extra: Any) -> Result:
-    return Result(
-        name,
-        statistics.median(zoo_rates),
-        statistics.median(hf_rates),
-        (min(zoo_rates), max(zoo_rates)),
-        (min(hf_rates), max(hf_rates)),
-        extra,
-    )
+import zoo  # noqa: E402
 
 
 def bench_training(args: argparse.Namespace) -> list[Result]:
+    """Training tokens/s of both sides: one Result per family and precision (``--compile``: both compiled)."""
     results = []
     for family in args.families:
         torch.manual_seed(0)
@@ -207,12 +68,14 @@ def bench_training(args: argparse.Namespace) -> list[Result]:
             )
             name = f"train {family} {precision}" + (" compiled" if args.compile else "")
             results.append(summarize(name, zoo_rates, hf_rates))
-            _report(results[-1])
+            report(results[-1])
         del hf, ours
     return results
 
 
 def bench_generation(args: argparse.Namespace) -> list[Result]:
+    """Cached greedy ``generate`` of GPT-2, zoo against HF at batch 1 and 8; then zoo's cached decoding
+    against recomputing the whole prefix at each step, for each of ``--cache-lengths``."""
     results = []
     torch.manual_seed(0)
     hf = hf_model("gpt2", layers=args.layers, d=args.d_model, heads=args.heads, vocab=args.vocab, ctx=1024).eval()
@@ -238,7 +101,7 @@ def bench_generation(args: argparse.Namespace) -> list[Result]:
         with torch.inference_mode():
             zoo_rates, hf_rates = alternate(zoo_fn, hf_fn, batch * n, args.rounds, 1, autocast=False)
         results.append(summarize(f"generate gpt2 batch {batch}, {n} new tokens (cached)", zoo_rates, hf_rates))
-        _report(results[-1])
+        report(results[-1])
     prompt = torch.randint(5, args.vocab, (1, 16), generator=torch.Generator().manual_seed(0))
     for n in args.cache_lengths:
         cached = lambda n=n: ours.generate(prompt, n, eos_token_id=None)
@@ -246,7 +109,7 @@ def bench_generation(args: argparse.Namespace) -> list[Result]:
         with torch.inference_mode():
             c_rates, u_rates = alternate(cached, uncached, n, max(1, args.rounds // 2), 1, autocast=False)
         results.append(summarize(f"zoo cache vs recompute, {n} new tokens", c_rates, u_rates, baseline="zoo uncached"))
-        _report(results[-1])
+        report(results[-1])
     return results
 
 
@@ -272,64 +135,6 @@ def bench_first_step(args: argparse.Namespace) -> dict[str, float]:
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
     return {"seconds_to_first_step": seconds}
-
-
-def peak_memory(family: str, precision: str, side: str, args: argparse.Namespace) -> float:
-    """MiB the training steps add to the peak resident set, measured in a fresh process."""
-    code = (
-        f"import sys; sys.argv=['x']; sys.path.insert(0, {str(HERE)!r}); from hf_compare import _memory_probe; "
-        f"_memory_probe({family!r}, {precision!r}, {side!r}, {args.layers}, {args.d_model}, {args.heads}, "
-        f"{args.vocab}, {args.batch}, {args.length})"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(out.stderr[-2000:])
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-def _memory_probe(
-    family: str, precision: str, side: str, layers: int, d: int, heads: int, vocab: int, batch: int, length: int
-) -> None:
-    torch.manual_seed(0)
-    hf = hf_model(family, layers=layers, d=d, heads=heads, vocab=vocab, ctx=1024).train()
-    ours = zoo.from_hf(hf).train()
-    zoo_fn, hf_fn = train_steps(family, hf, ours, batch, length)
-    fn = zoo_fn if side == "zoo" else hf_fn
-    del zoo_fn, hf_fn  # the other side's optimizer (its state is created on the first step) never grows
-    gc.collect()
-    before = _reset_peak_rss()
-    for _ in range(2):
-        with _maybe_autocast(precision == "bf16"):
-            fn()
-    print((_peak_rss() - before) / 2**20)
-
-
-def _status_bytes(field: str) -> int:
-    """A ``kB`` field of /proc/self/status (Linux), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
-def _reset_peak_rss() -> int:
-    """Current resident bytes, after resetting the peak (Linux: ``5`` to clear_refs resets VmHWM),
-    so that the peak measured next is this run's and not the model building's."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_bytes("VmRSS")
-
-
-def _peak_rss() -> int:
-    return _status_bytes("VmHWM")
-
-
-def _report(result: Result) -> None:
-    Console().print(
-        f"  {result.name}: zoo {result.zoo_tokens_per_s:,.0f} tok/s, other {result.hf_tokens_per_s:,.0f} "
-        f"tok/s, ratio {result.ratio:.2f}x"
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -100,33 +100,99 @@ def hf_gpt2(args: argparse.Namespace):
     return hf_model("gpt2", layers=args.layers, d=args.d_model, heads=args.heads, vocab=args.vocab, ctx=1024).eval()
 
 
-@torch.inference_mode()
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    hf = None if args.no_hf else hf_gpt2(args)
+def base_model(args: argparse.Namespace, hf: Any) -> zoo.ZooModel:
+    """The float32 model every precision is copied from: ``--pretrained``'s weights, else ``hf``
+    converted, else (``--no-hf``) zoo's own GPT-2 layout at the sizes of ``args``, seed 0."""
     if args.pretrained:
-        base = zoo.load_pretrained(args.pretrained).float().eval()
-    elif hf is not None:
-        base = zoo.from_hf(hf).eval()
-    else:  # no peer: zoo's own GPT-2 layout at these sizes
-        base = zoo.create_model(
-            "gpt2",
-            n_layers=args.layers,
-            d_model=args.d_model,
-            n_heads=args.heads,
-            vocab_size=args.vocab,
-            eos_token_id=None,
-            pad_token_id=0,
-            seed=0,
-        ).eval()
+        return zoo.load_pretrained(args.pretrained).float().eval()
+    if hf is not None:
+        return zoo.from_hf(hf).eval()
+    return zoo.create_model(  # no peer: zoo's own GPT-2 layout at these sizes
+        "gpt2",
+        n_layers=args.layers,
+        d_model=args.d_model,
+        n_heads=args.heads,
+        vocab_size=args.vocab,
+        eos_token_id=None,
+        pad_token_id=0,
+        seed=0,
+    ).eval()
+
+
+def precision_models(
+    base: zoo.ZooModel, precisions: list[str], kv_caches: list[str]
+) -> tuple[dict[str, zoo.ZooModel], dict[str, str]]:
+    """A copy of ``base`` per weight precision and KV-cache precision, named ``int8`` or ``int8 kv int8``;
+    and, by the same names, the reason of each that ``zoo.quantize`` refuses on this machine (printed too)."""
     models, skipped = {}, {}
-    for precision in args.precisions:
-        for kv_cache in args.kv_cache:
+    for precision in precisions:
+        for kv_cache in kv_caches:
             name = precision if kv_cache == "none" else f"{precision} kv {kv_cache}"
             try:
                 models[name] = quantized(base, precision, None if kv_cache == "none" else kv_cache)
             except zoo.ConfigError as refusal:  # e.g. int4 on a CPU: the row is skipped, the reason reported
                 skipped[name] = str(refusal)
                 Console().print(f"  skipping {name}: {refusal}")
+    return models, skipped
+
+
+def generators(
+    models: dict[str, zoo.ZooModel], hf: Any, prompt: torch.Tensor, n: int, compiled: list[str]
+) -> dict[str, Callable[[], None]]:
+    """One greedy call per side, each decoding ``n`` new tokens after ``prompt``: ``zoo <name>`` per
+    model, ``zoo <name> compiled`` for the names in ``compiled``, and ``hf fp32`` where ``hf`` is given."""
+    fns: dict[str, Callable[[], None]] = {
+        f"zoo {p}": (lambda m=m: m.generate(prompt, n, eos_token_id=None)) for p, m in models.items()
+    }
+    fns.update(
+        {  # the same models through generate(compile=True): a static cache and a compiled step
+            f"zoo {p} compiled": (lambda m=m: m.generate(prompt, n, eos_token_id=None, compile=True))
+            for p, m in models.items()
+            if p in compiled
+        }
+    )
+    if hf is not None:
+        fns["hf fp32"] = lambda: hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            use_cache=True,
+        )
+    return fns
+
+
+def speed_rows(batch: int, rates: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """One row per side timed at ``batch``: median tokens/s, the spread, and the ratios to zoo float32
+    and to HF (None where that side was not timed)."""
+    fp32 = statistics.median(rates["zoo fp32"]) if "zoo fp32" in rates else None
+    peer = statistics.median(rates["hf fp32"]) if "hf fp32" in rates else None
+    rows = []
+    for name, r in rates.items():
+        median = statistics.median(r)
+        rows.append(
+            {
+                "batch": batch,
+                "name": name,
+                "tokens_per_s": median,
+                "spread": [min(r), max(r)],
+                "vs_zoo_fp32": median / fp32 if fp32 else None,
+                "vs_hf_fp32": median / peer if peer else None,
+            }
+        )
+    return rows
+
+
+@torch.inference_mode()
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``run`` measures besides the machine: speed rows per batch size, the KV-cache bytes of one
+    sequence, each precision's quality against float32 (and perplexity with ``--eval-ids``), and the
+    precisions skipped here with the reason."""
+    hf = None if args.no_hf else hf_gpt2(args)
+    base = base_model(args, hf)
+    models, skipped = precision_models(base, args.precisions, args.kv_cache)
     vocab = base.config.vocab_size
     length = args.prompt + args.new_tokens
     out: dict[str, Any] = {
@@ -137,45 +203,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
     for batch in args.batches:
         prompt = torch.randint(5, vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(batch))
-        n = args.new_tokens
-        fns: dict[str, Callable[[], None]] = {
-            f"zoo {p}": (lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None))
-            for p, m in models.items()
-        }
-        fns.update(
-            {  # the same models through generate(compile=True): a static cache and a compiled step
-                f"zoo {p} compiled": (
-                    lambda m=m, prompt=prompt, n=n: m.generate(prompt, n, eos_token_id=None, compile=True)
-                )
-                for p, m in models.items()
-                if p in args.compiled
-            }
-        )
-        if hf is not None:
-            fns["hf fp32"] = lambda prompt=prompt, n=n: hf.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-                use_cache=True,
-            )
-        rates = alternate(fns, batch * n, args.rounds)
-        fp32 = statistics.median(rates["zoo fp32"]) if "zoo fp32" in rates else None
-        peer = statistics.median(rates["hf fp32"]) if "hf fp32" in rates else None
-        for name, r in rates.items():
-            median = statistics.median(r)
-            out["speed"].append(
-                {
-                    "batch": batch,
-                    "name": name,
-                    "tokens_per_s": median,
-                    "spread": [min(r), max(r)],
-                    "vs_zoo_fp32": median / fp32 if fp32 else None,
-                    "vs_hf_fp32": median / peer if peer else None,
-                }
-            )
+        fns = generators(models, hf, prompt, args.new_tokens, args.compiled)
+        out["speed"] += speed_rows(batch, alternate(fns, batch * args.new_tokens, args.rounds))
     prompt = torch.randint(5, vocab, (8, args.prompt), generator=torch.Generator().manual_seed(0))
     reference = models.get("fp32") or base
     for precision, model in models.items():
