@@ -19,7 +19,7 @@ import zoo
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))  # the study runs from a checkout, as the package ``article``
 from article import driver, kv_cache, norm, page, positions, scale, sizes  # noqa: E402
-from article.common import Result  # noqa: E402
+from article.common import VERDICTS, Result  # noqa: E402
 
 
 # ---- helpers: properties -------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_page_lists_every_experiment_with_the_tables_its_module_adds(tmp_path: P
     }
     text = page.write_page(tmp_path, results).read_text()
     assert "## 9. A title" in text and "| 1 | 2 |" in text and "![A title](9.png)" in text
-    assert "**Agrees with the article:** partial" in text
+    assert "**Verdict:** partial. Seeds: 9 " in text
     module = SimpleNamespace(page_tables=lambda record: [f"more about {record['title']}", ""])
     text = page.write_page(tmp_path, results, {9: module}).read_text()
     assert text.index("| 1 | 2 |") < text.index("more about A title") < text.index("![A title](9.png)")
@@ -184,7 +184,7 @@ def test_quick_mode_writes_table_and_figure(quick: tuple[Path, dict], number: in
     out, results = quick
     record = results["experiments"][str(number)]
     assert record["rows"] and all(len(row) == len(record["headers"]) for row in record["rows"])
-    assert record["agreement"] in ("yes", "no", "partial")
+    assert record["agreement"] in VERDICTS
     png = out / record["figure"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     page_text = (out / "README.md").read_text()

@@ -39,6 +39,11 @@ class Context:
             console.log(text)
 
 
+VERDICTS = ("agrees", "partial", "does not", "not separable at this scale")
+"""What an experiment may say of its claim: the numbers agree with it, agree in part, contradict it, or
+cannot decide it here (the seeds' intervals overlap): the last is not a "no"."""
+
+
 @dataclass
 class Result:
     """One experiment's record: what ``results.json`` keeps and the results page shows."""
@@ -51,9 +56,13 @@ class Result:
     rows: list[list[Any]]
     figure: str
     observed: str
-    agreement: str  # "yes", "no" or "partial"
+    agreement: str  # one of VERDICTS
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.agreement not in VERDICTS:
+            raise ValueError(f"agreement={self.agreement!r} must be one of {VERDICTS}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

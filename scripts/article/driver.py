@@ -1,18 +1,18 @@
-"""Test six claims of the design article at small scale and write a results page.
+"""Test the design article's claims at small scale and write a results page.
 
-    python scripts/article/run.py                       # all six, about 20-30 minutes on a 2-core CPU
-    python scripts/article/run.py --only 4 5 6          # the library measurements alone (seconds)
-    python scripts/article/run.py --quick               # a tiny smoke run of every experiment (tests use it)
-    python scripts/article/run.py --out docs/article    # update the committed page (an explicit choice)
+    python -m scripts.article.run                       # every experiment (the page says how long it took)
+    python -m scripts.article.run --only 4 5 6          # some of them
+    python -m scripts.article.run --quick               # a tiny smoke run of every experiment (tests use it)
+    python -m scripts.article.run --out docs/article    # update the committed page (an explicit choice)
 
 The page, figures and ``results.json`` go to ``outputs/reproduce/<date>`` unless ``--out`` says
 otherwise; training runs go to a fresh temporary folder unless ``--work`` names one.
 
-1-3 train through zoo-train's own ``train()`` (Hydra's compose API on ``conf/``, the
-``ablation_*`` experiments with overrides); 4-6 measure the library directly. Each experiment
-returns a record (claim, setup, table, figure, what was seen, agreement) that goes into
-``results.json``; the results page ``README.md`` is written from every record in that file, so
-``--only`` refreshes some experiments and keeps the others.
+The trained experiments go through zoo-train's own ``train()`` (Hydra's compose API on ``conf/``, the
+``ablation_*`` experiments with overrides, several seeds where a claim's effect is small); the others
+measure the library directly. Each experiment returns a record (claim, setup, table, figure, what was
+seen, verdict, seeds) that goes into ``results.json``; the results page ``README.md`` is written from
+every record in that file, so ``--only`` refreshes some experiments and keeps the others.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from . import ffn, kv_cache, norm, positions, scale, sizes
+from . import ffn, heads, kv_cache, norm, positions, scale, sizes
 from .common import Context, console, quiet, shared_tokenizer
 from .page import write_page
 
-EXPERIMENTS = {m.NUMBER: m for m in (positions, norm, ffn, scale, kv_cache, sizes)}
+EXPERIMENTS = {m.NUMBER: m for m in (positions, norm, ffn, scale, kv_cache, sizes, heads)}
 """Number -> module, which defines NUMBER, NAME (for the log), UNITS (the progress units its run reports), TRAINS
 (whether it trains, needing the shared tokenizer), ``run(ctx) -> Result`` and optionally ``page_tables(record)``."""
-COMMAND = "python scripts/article/run.py"
+COMMAND = "python -m scripts.article.run"
 
 
 def machine() -> str:
@@ -71,6 +71,8 @@ def run(
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=console,
     ) as progress:
         progress.add_task("article", total=sum(EXPERIMENTS[n].UNITS for n in only) + int(trains))
@@ -106,14 +108,14 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="scripts/article/run.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.article.run", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--only",
         type=int,
         nargs="+",
         choices=sorted(EXPERIMENTS),
         default=sorted(EXPERIMENTS),
-        help="experiment numbers to run (default: all six)",
+        help="experiment numbers to run (default: all)",
     )
     parser.add_argument(
         "--out",

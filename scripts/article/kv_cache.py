@@ -115,7 +115,7 @@ def run(ctx: Context) -> Result:
         "KV heads for 4 query heads). The allocated buffers can be larger: capacity doubles when it "
         "runs out."
     )
-    agreement = "yes" if exact and slope["no cache"] > slope["cache"] + 0.4 else "partial"
+    agreement = "agrees" if exact and slope["no cache"] > slope["cache"] + 0.4 else "partial"
     return Result(
         NUMBER,
         TITLE,

@@ -1,36 +1,45 @@
-"""Experiment 2: Pre-Norm vs Post-Norm at several depths, with and without warmup, at a high learning rate."""
+"""Experiment 2: Pre-Norm vs Post-Norm, and what fixes Post-Norm. Three measurements, cheapest first: the
+gradient norm in each layer at initialisation, how far one optimizer step moves the output as depth grows
+(norm_probe.py), and a training sweep over depth x learning rate x warmup without gradient clipping."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import mean
+from typing import Any
 
-from .common import Context, Result, pyplot, read_metrics, save_figure, train_run
+from . import norm_probe
+from .common import Context, Result, read_metrics, train_run
+from .norm_figure import figure
 
 NUMBER, NAME, TITLE = 2, "norm", "Pre-Norm vs Post-Norm"
 TRAINS = True
-UNITS = 12  # 3 depths x 2 placements x 2 warmups
+PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")
+PROBE_DEPTHS = (6, 12, 24)
+STEP_DEPTHS = (6, 12, 24, 48)
+PROBE_SEEDS = (0, 1, 2)
+SWEEP = {"depths": (6, 24), "lrs": (1e-3, 1e-2), "warmups": (0, 100), "placements": ("pre", "post", "deepnorm")}
+UNITS = 2 + 2 * 2 * 2 * 3  # the two probes, the sweep
 CLAIM = (
     "Post-Norm trains less stably and deep Post-Norm networks diverge easily; Pre-Norm's clean residual path "
-    "lets a network go deeper without lowering the learning rate (article section 5)."
+    "lets a network go deeper without lowering the learning rate (article section 5). Xiong et al. 2020: at "
+    "initialisation Post-Norm's gradients grow toward the output layers while Pre-Norm's stay flat; Liu et "
+    "al. 2020: one update moves a Post-Norm network's output more, the more so the deeper it is."
 )
 SETUP = (
-    "`zoo-train experiment=ablation_norm model/norm_placement=<pre|post> model.n_layers=<d> "
-    "scheduler.warmup_steps=<0|30>`: gpt-tiny layout at d_model 64, 4 heads, lr 3e-3 (AdamW, cosine decay), no "
-    "gradient clipping, 150 steps of 16 x 64 tokens. Diverged = a non-finite loss, or the mean of the last three "
-    "logged losses above the first."
+    "Probes at initialisation (zoo models built directly, gpt-tiny layout at d_model 64, 4 heads, random "
+    "tokens, seeds {seeds}): (a) the gradient norm of each layer's FFN weights for a next-token loss, at "
+    "{probe_depths} layers; (b) the mean squared change of the logits after one Adam step (lr 1e-3), at "
+    "{step_depths} layers. (c) Training sweep: `zoo-train experiment=ablation_norm "
+    "model/norm_placement=<p> model.n_layers=<d> optimizer.lr=<lr> scheduler.warmup_steps=<w>` for p in "
+    "{placements}, d in {depths}, lr in {lrs}, w in {warmups}: {steps} steps of 16 x 64 tokens, AdamW with "
+    "cosine decay, no gradient clipping. Diverged = a non-finite loss, or the mean of the last three logged "
+    "losses above the first. deepnorm = Wang et al. 2022 (DeepNet): Post-Norm with the residual scaled by "
+    "alpha = (2N)^(1/4) and the FFN, value and output projections initialised smaller by beta = (8N)^(-1/4)."
 )
-HEADERS = [
-    "layers",
-    "placement",
-    "warmup steps",
-    "first loss",
-    "max loss after it",
-    "last loss",
-    "val loss",
-    "diverged",
-]
-Curves = dict[str, list[tuple[int, float]]]
+HEADERS = ["placement", *(f"grad last/first @ {d}" for d in PROBE_DEPTHS), *(f"step change @ {d}" for d in STEP_DEPTHS)]
+SWEEP_HEADERS = ["layers", "lr", "warmup", *SWEEP["placements"]]
 
 
 def diverged(losses: Sequence[float]) -> bool:
@@ -42,84 +51,146 @@ def diverged(losses: Sequence[float]) -> bool:
 
 
 def run(ctx: Context) -> Result:
-    """Pre vs Post placement at several depths, with and without warmup, at a high learning rate."""
-    depths = [2] if ctx.quick else [2, 6, 12]
-    warmups = [0] if ctx.quick else [0, 30]
-    curves: Curves = {}
-    rows = []
-    for depth in depths:
-        for placement in ("pre", "post"):
-            for warmup in warmups:
-                name = f"{placement}_L{depth}_w{warmup}"
-                ctx.step(f"2: train {placement}-norm, {depth} layers, warmup {warmup}")
-                run_dir = train_run(
-                    ctx,
-                    "ablation_norm",
-                    name,
-                    [
+    seeds = PROBE_SEEDS[:1] if ctx.quick else PROBE_SEEDS
+    ctx.step("2: gradient norms per layer at initialisation")
+    grads = _grad_probe(PROBE_DEPTHS[:1] if ctx.quick else PROBE_DEPTHS, seeds)
+    ctx.step("2: output change after one step, by depth")
+    steps = _step_probe(STEP_DEPTHS[:2] if ctx.quick else STEP_DEPTHS, seeds)
+    sweep = _sweep(ctx)
+    growth = {p: {d: curve[-1] / curve[0] for d, curve in by_depth.items()} for p, by_depth in grads.items()}
+    rows = [
+        [p, *(f"{growth[p][d]:.2f}" if d in growth[p] else "-" for d in PROBE_DEPTHS)]
+        + [f"{steps[p][d]:.2e}" if d in steps[p] else "-" for d in STEP_DEPTHS]
+        for p in PLACEMENTS
+    ]
+    agreement, observed = verdict(growth, steps, sweep)
+    data = {"grads": grads, "growth": growth, "steps": steps, "sweep": sweep, "seeds": list(seeds)}
+    setup = SETUP.format(
+        seeds=list(seeds),
+        probe_depths=list(PROBE_DEPTHS),
+        step_depths=list(STEP_DEPTHS),
+        placements=list(SWEEP["placements"]),
+        depths=list(SWEEP["depths"]),
+        lrs=list(SWEEP["lrs"]),
+        warmups=list(SWEEP["warmups"]),
+        steps=6 if ctx.quick else 300,
+    )
+    return Result(NUMBER, TITLE, CLAIM, setup, HEADERS, rows, figure(ctx, data), observed, agreement, data=data)
+
+
+def _grad_probe(depths: Sequence[int], seeds: Sequence[int]) -> dict[str, dict[int, list[float]]]:
+    """placement -> depth -> the FFN gradient norm of each layer, the mean over seeds."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for placement in PLACEMENTS:
+        out[placement] = {}
+        for depth in depths:
+            runs = [
+                norm_probe.ffn_grad_norms(norm_probe.narrow_decoder(placement, depth, s), norm_probe.batch(s))
+                for s in seeds
+            ]
+            out[placement][depth] = [mean(layer) for layer in zip(*runs, strict=True)]
+    return out
+
+
+def _step_probe(depths: Sequence[int], seeds: Sequence[int]) -> dict[str, dict[int, float]]:
+    """placement -> depth -> the logits' mean squared change after one Adam step, the mean over seeds."""
+    return {
+        placement: {
+            depth: mean(
+                norm_probe.output_change(norm_probe.narrow_decoder(placement, depth, s), norm_probe.batch(s))
+                for s in seeds
+            )
+            for depth in depths
+        }
+        for placement in PLACEMENTS
+    }
+
+
+def _sweep(ctx: Context) -> list[dict[str, Any]]:
+    """One training run per depth x lr x warmup x placement: its loss curve and whether it diverged."""
+    grid = SWEEP if not ctx.quick else {"depths": (2,), "lrs": (1e-2,), "warmups": (0,), "placements": ("pre", "post")}
+    runs = []
+    for depth in grid["depths"]:
+        for lr in grid["lrs"]:
+            for warmup in grid["warmups"]:
+                for placement in grid["placements"]:
+                    ctx.step(f"2: train {placement}-norm, {depth} layers, lr {lr:g}, warmup {warmup}")
+                    name = f"{placement}_L{depth}_lr{lr:g}_w{warmup}"
+                    overrides = [
                         f"model/norm_placement={placement}",
                         f"model.n_layers={depth}",
+                        f"optimizer.lr={lr}",
                         f"scheduler.warmup_steps={warmup}",
-                    ],
-                )
-                curves[name] = read_metrics(run_dir, "train/loss")
-                rows.append(_row(depth, placement, warmup, curves[name], read_metrics(run_dir, "val/loss")))
-    figure = _figure(ctx, curves, depths, warmups)
-    val_of = {(r[0], r[1], r[2]): (float(r[6]) if r[6] != "-" and r[7] == "no" else math.inf) for r in rows}
-    gap = {(d, w): val_of[(d, "post", w)] - val_of[(d, "pre", w)] for d in depths for w in warmups}
-    div = [f"{r[1]}-norm {r[0]} layers warmup {r[2]}" for r in rows if r[7] == "yes"]
-    spikes = [f"{r[1]}-norm {r[0]} layers warmup {r[2]} (to {r[4]})" for r in rows if float(r[4]) > float(r[3])]
-    observed = (
-        "Validation loss of Post-Norm minus Pre-Norm (positive = Post-Norm worse; inf = diverged): "
-        + ", ".join(f"{d} layers warmup {w}: {gap[(d, w)]:+.3f}" for d in depths for w in warmups)
-        + f". Diverged runs: {', '.join(div) if div else 'none'}. Loss spikes above the first logged loss "
-        f"after it: {', '.join(spikes) if spikes else 'none'}."
+                    ]
+                    curve = read_metrics(train_run(ctx, "ablation_norm", name, overrides), "train/loss")
+                    losses = [v for _, v in curve]
+                    runs.append(
+                        {"placement": placement, "depth": depth, "lr": lr, "warmup": warmup, "curve": curve}
+                        | {"diverged": diverged(losses), "last": losses[-1] if losses else math.nan}
+                    )
+    return runs
+
+
+def sweep_table(sweep: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The sweep as a table: a row per (depth, lr, warmup), a column per placement, each cell the last training
+    loss or "diverged"."""
+    placements = list(dict.fromkeys(r["placement"] for r in sweep))
+    cells = {(r["depth"], r["lr"], r["warmup"], r["placement"]): r for r in sweep}
+    rows = []
+    for depth, lr, warmup in dict.fromkeys((r["depth"], r["lr"], r["warmup"]) for r in sweep):
+        cell = [cells[(depth, lr, warmup, p)] for p in placements]
+        rows.append([depth, f"{lr:g}", warmup, *("diverged" if c["diverged"] else f"{c['last']:.2f}" for c in cell)])
+    return ["layers", "lr", "warmup", *placements], rows
+
+
+def page_tables(record: dict[str, Any]) -> list[str]:
+    from .page import md_table
+
+    headers, rows = sweep_table(record["data"]["sweep"])
+    return ["Training sweep (last training loss, or diverged):", "", md_table(headers, rows), ""]
+
+
+def verdict(
+    growth: dict[str, dict[int, float]], steps: dict[str, dict[int, float]], sweep: list[dict[str, Any]]
+) -> tuple[str, str]:
+    """(agreement, what was seen) from the probes and the sweep. Claims: at the deepest probe Post-Norm's
+    gradients grow toward the output more than Pre-Norm's (last/first ratio at least 1.5x Pre-Norm's);
+    Post-Norm's step change grows more with depth than Pre-Norm's; in the sweep some Post-Norm run diverges
+    whose Pre-Norm twin does not. All hold: agrees; none: does not; else partial."""
+    deep = max(growth["post"])
+    first, last = min(steps["post"]), max(steps["post"])
+    twins = {(r["depth"], r["lr"], r["warmup"]): r["diverged"] for r in sweep if r["placement"] == "pre"}
+    post_only = [r for r in sweep if r["placement"] == "post" and r["diverged"] and not twins.get(_key(r), True)]
+    fixed = [r for r in sweep if r["placement"] == "deepnorm" and any(_key(r) == _key(p) for p in post_only)]
+    checks = {
+        f"Post-Norm's gradients grow toward the output more than Pre-Norm's at {deep} layers": growth["post"][deep]
+        > 1.5 * growth["pre"][deep],
+        "one step moves Post-Norm's output more, the more so with depth": steps["post"][last] / steps["post"][first]
+        > steps["pre"][last] / steps["pre"][first],
+        "some Post-Norm run diverges where Pre-Norm does not": bool(post_only),
+    }
+    held = sum(checks.values())
+    agreement = "agrees" if held == len(checks) else "does not" if held == 0 else "partial"
+    seen = (
+        "Gradient norm of the last layer over the first at initialisation: "
+        + "; ".join(f"{p} " + ", ".join(f"{g:.2f} @ {d}" for d, g in growth[p].items()) for p in growth)
+        + ". Logits' change after one step, deepest over shallowest: "
+        + ", ".join(f"{p} {s[max(s)] / s[min(s)]:.1f}x" for p, s in steps.items())
+        + f". Diverged in the sweep: {', '.join(_name(r) for r in sweep if r['diverged']) or 'none'}. "
+        + (
+            f"DeepNorm diverged in {sum(r['diverged'] for r in fixed)} of the {len(fixed)} settings where "
+            "Post-Norm alone diverged. "
+            if fixed
+            else ""
+        )
+        + " ".join(f"{claim}: {'yes' if ok else 'no'}." for claim, ok in checks.items())
     )
-    claims = [
-        gap[(depths[-1], 0)] > 0.05,  # deep Post-Norm without warmup is clearly worse (or diverges)
-        gap[(depths[-1], 0)] > gap[(depths[0], 0)],
-    ]  # and the gap grows with depth
-    agreement = "yes" if all(claims) else "partial" if any(claims) else "no"
-    return Result(NUMBER, TITLE, CLAIM, SETUP, HEADERS, rows, figure, observed, agreement, data={"curves": curves})
+    return agreement, seen
 
 
-def _row(
-    depth: int, placement: str, warmup: int, curve: list[tuple[int, float]], val: list[tuple[int, float]]
-) -> list[object]:
-    losses = [v for _, v in curve]
-    return [
-        depth,
-        placement,
-        warmup,
-        f"{losses[0]:.2f}" if losses else "-",
-        f"{max(losses[1:], default=math.nan):.2f}",
-        f"{losses[-1]:.2f}" if losses else "-",
-        f"{val[-1][1]:.3f}" if val else "-",
-        "yes" if diverged(losses) else "no",
-    ]
+def _key(r: dict[str, Any]) -> tuple[int, float, int]:
+    return r["depth"], r["lr"], r["warmup"]
 
 
-def _figure(ctx: Context, curves: Curves, depths: list[int], warmups: list[int]) -> str:
-    fig, axes = pyplot().subplots(1, len(depths), figsize=(4.2 * len(depths) + 1, 4), sharey=True, squeeze=False)
-    axes = axes[0]
-    for ax, depth in zip(axes, depths, strict=True):
-        for placement, color in (("pre", "tab:blue"), ("post", "tab:red")):
-            for warmup in warmups:
-                curve = curves[f"{placement}_L{depth}_w{warmup}"]
-                values = [v if math.isfinite(v) else float("nan") for _, v in curve]
-                ax.plot(
-                    [s for s, _ in curve],
-                    values,
-                    color=color,
-                    linestyle="-" if warmup else "--",
-                    label=f"{placement}-norm, warmup {warmup}",
-                )
-        ax.set(title=f"{depth} layers", xlabel="step")
-        ax.grid(True, alpha=0.3)
-    starts = [c[0][1] for c in curves.values() if c and math.isfinite(c[0][1])]
-    if starts:
-        axes[0].set_ylim(top=max(starts) + 1.0)  # a diverging curve runs off the top instead of squashing the rest
-    axes[0].set_ylabel("training loss")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Pre-Norm vs Post-Norm (d_model 64, lr 3e-3, no gradient clipping)")
-    return save_figure(ctx.out / "2_norm.png", fig)
+def _name(r: dict[str, Any]) -> str:
+    return f"{r['placement']} {r['depth']} layers lr {r['lr']:g} warmup {r['warmup']}"

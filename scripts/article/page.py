@@ -37,17 +37,20 @@ def _intro(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
     return [
         "# The article's claims at small scale",
         "",
-        f"Six claims of {ARTICLE} tested on a small CPU. Command of the last run: "
+        f"{len(records)} claim{'s' if len(records) > 1 else ''} of {ARTICLE} tested on a small CPU. "
+        "Command of the last run: "
         f"`{meta['command']}` (records of earlier runs are kept).  ",
         f"Date: {meta['date']}. Machine: {meta['machine']}. Total time: {meta['total_seconds'] / 60:.1f} min "
         f"({meta['threads']} PyTorch thread; the cores were shared with other work).",
         "",
-        "Trained experiments (1-3) run zoo-train's `train()` on `conf/experiment/ablation_*.yaml`; 4-6 "
-        "measure the library. Everything is seeded; numbers are from one seed at tiny scale and say what "
-        "happens here, not what happens at the article's scale.",
+        "Trained experiments run zoo-train's `train()` on `conf/experiment/ablation_*.yaml`; the others "
+        "measure the library. Everything is seeded, and each section names its seeds. A claim whose effect "
+        "is small is trained with several seeds and reported as mean ± standard deviation: where the "
+        "intervals overlap the verdict is *not separable at this scale*, which is not a *does not*. The "
+        "numbers say what happens at this scale, not at the article's.",
         "",
         md_table(
-            ["#", "experiment", "agreement", "time"],
+            ["#", "experiment", "verdict", "time"],
             [
                 [r["number"], f"[{r['title']}](#{r['number']})", r["agreement"], f"{r['seconds']:.0f} s"]
                 for r in records
@@ -76,6 +79,16 @@ def _section(r: dict[str, Any], page_tables: Callable[[dict[str, Any]], list[str
         "",
         f"**What we saw.** {r['observed']}",
         "",
-        f"**Agrees with the article:** {r['agreement']}. Time: {r['seconds']:.0f} s.",
+        f"**Verdict:** {r['agreement']}. Seeds: {_seeds(r)}. Time: {r['seconds']:.0f} s.",
         "",
     ]
+
+
+def _seeds(r: dict[str, Any]) -> str:
+    """The record's ``data["seeds"]``: a list, or a mapping of what was seeded to a list."""
+    seeds = r.get("data", {}).get("seeds")
+    if not seeds:
+        return f"{r['number']} (the driver seeds each experiment by its number)"
+    if isinstance(seeds, dict):
+        return "; ".join(f"{what} {', '.join(map(str, values))}" for what, values in seeds.items())
+    return ", ".join(map(str, seeds))

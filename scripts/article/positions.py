@@ -1,179 +1,201 @@
-"""Experiment 1: one decoder per position encoding, trained at length L, test perplexity at L..8L."""
+"""Experiment 1: length extrapolation. One decoder per position encoding trained at length L on code,
+evaluated past L three ways (non-overlapping blocks, a sliding window, the loss at each position), RoPE
+also with the context-extension scalings zoo has; and the same encodings on an induction (copy) task,
+where a model either copies past L or does not (induction.py)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import mean
+from typing import Any
 
 import torch
 
 import zoo
 
-from .common import Context, Result, plain_log_x, pyplot, save_figure, train_run
+from . import induction
+from .common import Context, Result, train_run
+from .extrapolation import cut_blocks, eval_blocks, loss_by_position, perplexity, rope_scaled, sliding_perplexity
+from .positions_figure import figure
+
+__all__ = ["cut_blocks", "perplexity", "run", "verdict"]  # the measurements tests call by this module's name
 
 NUMBER, NAME, TITLE = 1, "positions", "Length extrapolation of position encodings"
 TRAINS = True
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5_relative")
-SCALED_SINUSOIDAL = "sinusoidal x sqrt(d)"  # the same encoding with model.embed_scale=sqrt(d_model)
-UNITS = len(POSITIONS) + 2  # the five, sinusoidal x sqrt(d), the evaluation
+VARIANTS = {  # name -> zoo-train overrides; sinusoidal as Vaswani et al. use it (embeddings times sqrt(d_model))
+    "sinusoidal": ["model/position=sinusoidal", f"model.embed_scale={zoo.get_config('gpt-tiny').d_model ** 0.5}"],
+    "learned": ["model/position=learned"],
+    "rope": ["model/position=rope"],
+    "alibi": ["model/position=alibi"],
+    "t5_relative": ["model/position=t5_relative"],
+    "none": ["model/position=none"],
+}
+ABSOLUTE = ("sinusoidal", "learned")
+SCALINGS = ("linear", "ntk", "yarn")  # applied to the trained rope model at evaluation: "rope+yarn"...
+COPY_SEEDS = (0, 1)
+UNITS = 2 * len(VARIANTS) + 1  # train each, evaluate, copy task for each
+MARGIN = 0.05  # nats: a rise past L smaller than this counts as flat
 CLAIM = (
     "Absolute positions extrapolate badly past the training window; relative biases (T5) better; RoPE works "
     "inside the window but degrades outside it; ALiBi's linear distance penalty extrapolates well (article "
     "section 4, after Press et al. 2022)."
 )
 SETUP = (
-    "`zoo-train experiment=ablation_positions model/position=<p>` for p in {positions}, and sinusoidal with "
-    "`model.embed_scale=sqrt(d_model)` ({scaled!r}): gpt-tiny (2 layers, d_model 128, 4 heads), 200 steps on "
-    "16 x {L}-token blocks of stdlib source; test perplexity on {tokens} test tokens cut into blocks of L, 2L, "
-    "4L, 8L (every position of a block counts). rope+PI = the trained rope model with `rope_scaling=linear`, "
-    "`rope_scaling_factor=n/L`, no fine-tuning."
+    "Language model: `zoo-train experiment=ablation_positions model/position=<p>` for p in {positions} "
+    "(sinusoidal with `model.embed_scale=sqrt(d_model)`, as Vaswani et al.; none = NoPE, order from the causal "
+    "mask only): gpt-tiny (2 layers, d_model 128, 4 heads), {steps} steps of 16 x {L}-token blocks of stdlib "
+    "source (L = {L}). Evaluated on {tokens} test tokens: perplexity over non-overlapping blocks of L..8L "
+    "tokens; with a sliding window of n tokens moved by L, scoring each window's last L tokens (Press et al.'s "
+    "evaluation: every scored token has at least n - L tokens of context); and the mean loss at each position "
+    "of 8L-token blocks. *Rise past L* = mean loss at positions L..8L minus mean loss at positions L/2..L "
+    "(nats; above {margin} the model gets worse where it was never trained). rope+linear / +ntk / +yarn = the "
+    "trained rope model with `model.rope_scaling=<s>` for factor n/L at length n, no fine-tuning. "
+    "Copy task (induction.py): rows that repeat a random segment of k tokens (vocabulary {vocab}, k from L/8 "
+    "to L/4), a 2-layer d_model 128 decoder trained at length L = {copy_L} ({copy_steps} steps, batch 32, "
+    "seeds {seeds}) and scored by greedy accuracy on the determined tokens (after the first segment) of rows "
+    "of L, 2L and 4L: inside L and past L."
 )
+HEADERS = [
+    "position",
+    "ppl @ L",
+    "ppl @ 8L blocks",
+    "ppl @ 8L sliding",
+    "rise past L (nats)",
+    "copy acc inside L",
+    "copy acc past L (4L rows)",
+]
 
 
-@torch.no_grad()
-def perplexity(model: zoo.ZooModel, blocks: torch.Tensor, batch_size: int = 8) -> float:
-    """exp(mean next-token cross-entropy) over (N, T+1) token blocks, every position counted."""
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(blocks), batch_size):
-        chunk = blocks[start : start + batch_size]
-        logits = model(chunk[:, :-1])  # (B, T, V)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum")
-        total, count = total + float(loss), count + chunk[:, 1:].numel()
-    return math.exp(total / count)
-
-
-def eval_blocks(ckpt: Path, lengths: list[int], max_tokens: int | None = None) -> dict[int, torch.Tensor]:
-    """cut_blocks of the test split of the checkpoint's own data module, rebuilt at the longest length."""
-    from tasks.cli.loading import data_module, load_task
-
-    task, info = load_task(ckpt)
-    dm = data_module(info, task, seq_len=max(lengths))
-    dm.setup("test")
-    return cut_blocks(dm.datasets["test"].items, lengths, max_tokens)
-
-
-def cut_blocks(longest: torch.Tensor, lengths: list[int], max_tokens: int | None) -> dict[int, torch.Tensor]:
-    """Blocks of ``n + 1`` tokens for each n in ``lengths`` from the first ``max_tokens`` tokens (None: all) of the
-    stream that ``longest``, an LM data module's blocks at the longest length, flatten to (as it would cut them)."""
-    stream = longest.flatten()
-    max_tokens = len(stream) if max_tokens is None else max_tokens
-    if len(stream) < max_tokens:
-        raise ValueError(f"the test split has {len(stream)} tokens, fewer than max_tokens={max_tokens}")
-    return {n: stream[: max_tokens // (n + 1) * (n + 1)].view(-1, n + 1) for n in lengths}
+def sizes(quick: bool) -> tuple[int, int, induction.CopySetup, int | None]:
+    """(L, LM steps, the copy task's setup, evaluation tokens) for a full or a quick run."""
+    if quick:
+        return 16, 6, induction.CopySetup(length=16, steps=8, d_model=32), 2048
+    return 32, 2000, induction.CopySetup(length=32), 16384
 
 
 def run(ctx: Context) -> Result:
-    """Train one decoder per position encoding at length L, evaluate perplexity at L..8L."""
-    L = 16 if ctx.quick else 64
+    """Train every variant on code and on the copy task, evaluate past L, and read the verdict."""
+    L, steps, copy_setup, max_tokens = sizes(ctx.quick)
     lengths = [L, 2 * L, 4 * L, 8 * L]
-    ckpts = _train(ctx, L)
-    ctx.step("1: evaluate at 1x-8x the training length")
-    blocks = eval_blocks(ckpts["alibi"], lengths, 2048 if ctx.quick else None)  # None: the whole test split
-    ppl = _perplexities(ckpts, blocks, L)
-    ratio = {name: ppl[name][8 * L] / ppl[name][L] for name in ppl}
-    rows = [[name, *(f"{ppl[name][n]:.1f}" for n in lengths), f"{ratio[name]:.2f}"] for name in ppl]
-    setup = SETUP.format(positions=list(POSITIONS), scaled=SCALED_SINUSOIDAL, L=L, tokens=blocks[L].numel())
-    return Result(
-        NUMBER,
-        TITLE,
-        CLAIM,
-        setup,
-        ["position", *(f"ppl @ {n}" for n in lengths), "ppl 8L / L"],
-        rows,
-        _figure(ctx, ppl, lengths),
-        _observed(ppl, ratio, L),
-        _agreement(ratio),
-        data={"lengths": lengths, "ppl": {k: {str(n): v for n, v in d.items()} for k, d in ppl.items()}},
+    variants = {k: VARIANTS[k] for k in (("rope", "alibi", "learned") if ctx.quick else VARIANTS)}
+    ckpts = {name: _train(ctx, name, overrides, L, steps) for name, overrides in variants.items()}
+    ctx.step("1: evaluate past the training length")
+    blocks = eval_blocks(next(iter(ckpts.values())), lengths, max_tokens)
+    lm = _evaluate(ckpts, blocks, L)
+    copy = {name: _copy(ctx, name, copy_setup) for name in variants}
+    rows = [_row(name, lm, copy.get(name), L) for name in lm["ppl"]]
+    setup = SETUP.format(
+        positions=list(variants),
+        steps=steps,
+        L=L,
+        tokens=blocks[L].numel(),
+        margin=MARGIN,
+        vocab=induction.VOCAB,
+        copy_L=copy_setup.length,
+        copy_steps=copy_setup.steps,
+        seeds=list(COPY_SEEDS),
     )
+    seeds = {"zoo-train seed": [0], "copy task": list(COPY_SEEDS[:1] if ctx.quick else COPY_SEEDS)}
+    data = {"lengths": lengths, **lm, "copy": copy, "seeds": seeds}
+    rise = {name: lm["rise"][name] for name in variants}
+    copy_past = {name: copy[name]["past"][str(4 * copy_setup.length)] for name in variants}
+    agreement, observed = verdict(rise, copy_past)
+    return Result(NUMBER, TITLE, CLAIM, setup, HEADERS, rows, figure(ctx, data, L), observed, agreement, data=data)
 
 
-def _train(ctx: Context, L: int) -> dict[str, Path]:
-    """The last checkpoint of one training run per position variant (two in quick mode)."""
-    overrides = [f"data.seq_len={L}", f"model.max_seq_len={8 * L}"] if ctx.quick else []
-    variants = {pos: [f"model/position={pos}"] for pos in (("rope", "alibi") if ctx.quick else POSITIONS)}
-    if not ctx.quick:  # sinusoidal as Vaswani et al. use it: token embeddings times sqrt(d_model)
-        scale = zoo.get_config("gpt-tiny").d_model ** 0.5
-        variants[SCALED_SINUSOIDAL] = ["model/position=sinusoidal", f"model.embed_scale={scale}"]
-    ckpts = {}
-    for pos, choice in variants.items():
-        ctx.step(f"1: train {pos} at length {L}")
-        ckpts[pos] = train_run(ctx, "ablation_positions", pos, [*choice, *overrides]) / "checkpoints" / "last.ckpt"
-    return ckpts
+def _train(ctx: Context, name: str, overrides: list[str], L: int, steps: int) -> Path:
+    ctx.step(f"1: train {name} at length {L}")
+    sizes_ = [f"data.seq_len={L}", f"model.max_seq_len={8 * L}", f"trainer.max_steps={steps}"]
+    return train_run(ctx, "ablation_positions", name, [*overrides, *sizes_]) / "checkpoints" / "last.ckpt"
 
 
-def _perplexities(ckpts: dict[str, Path], blocks: dict[int, torch.Tensor], L: int) -> dict[str, dict[int, float]]:
-    """Perplexities, and rope+PI's: the rope model, positions divided by n / L (Chen et al. 2023), no fine-tuning."""
+def _evaluate(ckpts: dict[str, Path], blocks: dict[int, torch.Tensor], L: int) -> dict[str, Any]:
+    """Perplexities (blocks and sliding window), loss by position and its rise past L, for each trained model
+    and for the rope model under each scaling."""
     from tasks.cli.loading import load_task
 
-    models = {pos: load_task(ckpt)[0].model for pos, ckpt in ckpts.items()}
-    ppl = {pos: {n: perplexity(model, b) for n, b in blocks.items()} for pos, model in models.items()}
-    rope, ppl["rope+PI"] = models["rope"], {}
-    for n, b in blocks.items():
-        cfg = rope.config.replace(rope_scaling="linear" if n > L else "none", rope_scaling_factor=n / L)
-        scaled = zoo.build_model(cfg)
-        scaled.load_state_dict(rope.state_dict())
-        ppl["rope+PI"][n] = perplexity(scaled, b)
-    return ppl
+    models = {name: load_task(ckpt)[0].model.eval() for name, ckpt in ckpts.items()}
+    longest = max(blocks)
+    stream = blocks[L].flatten()
+    bin_size = max(1, L // 4)
+    out: dict[str, Any] = {"ppl": {}, "sliding": {}, "by_position": {}, "rise": {}, "bin": bin_size}
+    at_length = {name: (lambda n, m=model: m) for name, model in models.items()}  # name -> (length -> model)
+    if "rope" in models:
+        for s in SCALINGS:
+            at_length[f"rope+{s}"] = lambda n, s=s: rope_scaled(models["rope"], s, n / L, L)
+    for name, at in at_length.items():
+        out["ppl"][name] = {str(n): perplexity(at(n), b) for n, b in blocks.items()}
+        out["sliding"][name] = {str(n): sliding_perplexity(at(n), stream, n, L) for n in blocks}
+        curve = loss_by_position(at(longest), blocks[longest], bin_size)
+        out["by_position"][name] = curve
+        per_bin = L // bin_size
+        out["rise"][name] = mean(curve[per_bin:]) - mean(curve[per_bin // 2 : per_bin])
+    return out
 
 
-def _figure(ctx: Context, ppl: dict[str, dict[int, float]], lengths: list[int]) -> str:
-    fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    for name, values in ppl.items():
-        ax.plot(lengths, [values[n] for n in lengths], "--o" if name == "rope+PI" else "-o", label=name)
-    ax.axvline(lengths[0], color="grey", linewidth=0.8, linestyle=":")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="evaluation length (tokens)",
-        ylabel="test perplexity (log)",
-        title=f"Length extrapolation: trained at {lengths[0]} tokens",
+def _copy(ctx: Context, name: str, setup: induction.CopySetup) -> dict[str, Any]:
+    """The copy task for one position encoding, each seed: training curve, accuracy at L, 2L and 4L."""
+    ctx.step(f"1: copy task, {name}")
+    position = VARIANTS[name][0].split("=")[1]
+    lengths = [setup.length, 2 * setup.length, 4 * setup.length]
+    seeds = COPY_SEEDS[:1] if ctx.quick else COPY_SEEDS
+    runs = []
+    for seed in seeds:
+        model = induction.decoder(position, setup, max(lengths), seed)
+        curve = induction.train_copy(model, setup, seed)
+        rows = 16 if ctx.quick else 128
+        accuracy = {str(n): induction.copy_accuracy(model, n, setup.length, rows=rows, seed=seed) for n in lengths}
+        runs.append({"curve": curve, "accuracy": accuracy})
+    lengths_ = runs[0]["accuracy"]
+    return {
+        "runs": runs,
+        **{k: {n: mean(r["accuracy"][n][k] for r in runs) for n in lengths_} for k in ("inside", "past")},
+    }
+
+
+def _row(name: str, lm: dict[str, Any], copy: dict[str, Any] | None, L: int) -> list[Any]:
+    ppl, sliding = lm["ppl"][name], lm["sliding"][name]
+
+    def acc(key: str, n: int) -> str:
+        if copy is None:
+            return "-"
+        value = copy[key][str(n)]
+        return "-" if math.isnan(value) else f"{value:.2f}"
+
+    copy_L = int(min(copy["inside"], key=int)) if copy else L
+    return [
+        name,
+        f"{ppl[str(L)]:.1f}",
+        f"{ppl[str(8 * L)]:.1f}",
+        f"{sliding[str(8 * L)]:.1f}",
+        f"{lm['rise'][name]:+.3f}",
+        acc("inside", copy_L),
+        acc("past", 4 * copy_L),
+    ]
+
+
+def verdict(rise: dict[str, float], copy_past: dict[str, float]) -> tuple[str, str]:
+    """(agreement, what was seen) from each trained encoding's rise in loss past L (nats) and its copy accuracy
+    past L. Each claim of the article is one comparison; all hold: agrees, none: does not, else partial."""
+    absolute = [rise[k] for k in ABSOLUTE if k in rise]
+    checks = {
+        "ALiBi's loss does not rise past L": rise["alibi"] <= MARGIN,
+        "absolute positions rise more than ALiBi": bool(absolute) and min(absolute) > rise["alibi"] + MARGIN,
+        "RoPE rises more than ALiBi": rise["rope"] > rise["alibi"] + MARGIN,
+        "T5 buckets rise less than absolute positions": "t5_relative" not in rise
+        or (bool(absolute) and rise["t5_relative"] < min(absolute)),
+        "ALiBi copies past L better than absolute positions": not any(k in copy_past for k in ABSOLUTE)
+        or copy_past["alibi"] > max(copy_past[k] for k in ABSOLUTE if k in copy_past) + 0.1,
+    }
+    held = sum(checks.values())
+    agreement = "agrees" if held == len(checks) else "does not" if held == 0 else "partial"
+    seen = (
+        "Rise in loss past L (nats): "
+        + ", ".join(f"{k} {v:+.3f}" for k, v in sorted(rise.items(), key=lambda kv: kv[1]))
+        + ". Copy accuracy past L on 4L rows: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(copy_past.items(), key=lambda kv: -kv[1]))
+        + ". "
+        + " ".join(f"{claim}: {'yes' if ok else 'no'}." for claim, ok in checks.items())
     )
-    plain_log_x(ax, lengths)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    return save_figure(ctx.out / "1_positions.png", fig)
-
-
-def _observed(ppl: dict[str, dict[int, float]], ratio: dict[str, float], L: int) -> str:
-    good = sorted(ratio, key=ratio.get)
-    text = (
-        "Perplexity at 8L over perplexity at L: "
-        + ", ".join(f"{n} {ratio[n]:.2f}" for n in good)
-        + f". Best extrapolation: {good[0]}; worst: {good[-1]}. Learned positions were built with "
-        f"max_seq_len={8 * L} (rows past {L} exist but are never trained), not reported as N/A. "
-        "Position interpolation is applied without fine-tuning."
-    )
-    at_L = sorted(values[L] for name, values in ppl.items() if name != "rope+PI")
-    median = at_L[len(at_L) // 2]
-    if "sinusoidal" in ppl and ppl["sinusoidal"][L] > 2 * median:
-        text += (
-            f" Sinusoidal barely trained (perplexity {ppl['sinusoidal'][L]:.0f} at L against a median of "
-            f"{median:.1f}): unit-amplitude sines added to token embeddings of std 0.02 swamp the content at "
-            "the start; its ratio says little."
-        )
-    if SCALED_SINUSOIDAL in ppl:
-        text += (
-            f" With the token embeddings scaled by sqrt(d_model) (`model.embed_scale`, as Vaswani et al. do) "
-            f"sinusoidal reaches perplexity {ppl[SCALED_SINUSOIDAL][L]:.1f} at L and "
-            f"{ppl[SCALED_SINUSOIDAL][8 * L]:.1f} at 8L (ratio {ratio[SCALED_SINUSOIDAL]:.2f})."
-        )
-    if "learned" in ratio and ratio["learned"] < 1.1:
-        text += (
-            " Learned positions did not collapse past their trained rows: those rows keep their small random "
-            "initialisation (std 0.02), so beyond L the model runs almost without position input, which a "
-            "causal decoder tolerates (it can infer order from the mask)."
-        )
-    return text
-
-
-def _agreement(ratio: dict[str, float]) -> str:
-    trained = {k: v for k, v in ratio.items() if k != "rope+PI"}
-    absolute = [trained[k] for k in ("learned", "sinusoidal", SCALED_SINUSOIDAL) if k in trained]
-    claims = [
-        trained["alibi"] <= 1.05 * min(trained.values()),  # ALiBi extrapolates best (within 5%)
-        all(a > trained["alibi"] for a in absolute),  # absolute positions worse than ALiBi
-        trained["rope"] > trained["alibi"],  # RoPE degrades outside the window
-        "t5_relative" not in trained or trained["t5_relative"] < min(absolute),
-    ]  # relative beats absolute
-    return "yes" if all(claims) else "partial" if claims[1] else "no"
+    return agreement, seen

@@ -1,4 +1,5 @@
-"""The article study from a checkout: ``python scripts/article/run.py [--quick] [--only N ...] [--out DIR]``
+"""The article study from a checkout: ``python -m scripts.article.run [--quick] [--only N ...] [--out DIR]``
+(``python scripts/article/run.py`` works too)
 (``--help`` for every option; the study itself is described in driver.py)."""
 
 import sys

@@ -141,7 +141,7 @@ def run(ctx: Context) -> Result:
     ratios = [r["params"] / r["published"] for r in table if r["published"]]
     shapes_ok = all(row[5] == "yes" for row in rows if row[5])
     counts_ok = shapes_ok and min(ratios) > 0.9 and max(ratios) < 1.1 and round(kv7[4096]["GB"], 1) == 2.1
-    agreement = ("yes" if abs(kv7[131072]["GB"] - 66) < 1.3 else "partial") if counts_ok else "no"
+    agreement = ("agrees" if abs(kv7[131072]["GB"] - 66) < 1.3 else "partial") if counts_ok else "does not"
     return Result(
         NUMBER,
         TITLE,
