@@ -161,9 +161,9 @@ class ZooTask(L.LightningModule):
             )
         return ids
 
-    def export_info(self, fmt: str) -> dict[str, Any]:
-        """Fields this task adds to the config.json of an export in format ``fmt`` ("safetensors" or
-        "onnx"), beside the model config, the task name and the export record."""
+    def export_info(self, *, head_in_graph: bool) -> dict[str, Any]:
+        """Fields this task adds to the config.json of an export, beside the model config, the task name and
+        the export record; ``head_in_graph``: the exported file computes the task's head itself (ONNX)."""
         return {}
 
     def export_modules(self) -> dict[str, nn.Module]:

@@ -80,10 +80,10 @@ class ClassifierTask(ZooTask):
             f"{self.label_names[int(i)]}\t{float(p):.3f}" for p, i in zip(best.values, best.indices, strict=True)
         )
 
-    def export_info(self, fmt: str) -> dict[str, Any]:
-        """The label names; for safetensors also the pooling, which head.safetensors needs (an ONNX
-        graph holds it)."""
-        return {"label_names": self.label_names, **({"pooling": self.pooling} if fmt == "safetensors" else {})}
+    def export_info(self, *, head_in_graph: bool) -> dict[str, Any]:
+        """The label names; unless the file computes the head (an ONNX graph), also the pooling, which
+        head.safetensors needs."""
+        return {"label_names": self.label_names, **({} if head_in_graph else {"pooling": self.pooling})}
 
     def hf_classifier(self) -> tuple[nn.Linear, list[str]]:
         """The head's linear layer over the pooled first token: BertForSequenceClassification's ``classifier``."""

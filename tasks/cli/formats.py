@@ -47,6 +47,7 @@ class ExportFormat(ABC):
     title: ClassVar[str]
     library: ClassVar[str] = "zoo"
     card_needs_class: ClassVar[bool] = False  # the card names the transformers class (``card_class``)
+    head_in_graph: ClassVar[bool] = False  # the file computes a task's head itself (an ONNX graph does)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> ExportFormat:
@@ -141,7 +142,11 @@ def export_safetensors(task: ZooTask, info: dict, out: Path, card: str | None = 
     from safetensors.torch import save_model
 
     files = [name for name in files_of(task, "safetensors") if name != "README.md" or card is not None]
-    extra = {"task": info["task"], **task.export_info("safetensors"), RECORD: export_record(out, "safetensors", files)}
+    extra = {
+        "task": info["task"],
+        **task.export_info(head_in_graph=Safetensors.head_in_graph),
+        RECORD: export_record(out, "safetensors", files),
+    }
     with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
         zoo.save_pretrained(task.model, stage, extra=extra)
         atomic_write_text(stage / "config.yaml", info["config_yaml"])
@@ -159,6 +164,7 @@ def export_safetensors(task: ZooTask, info: dict, out: Path, card: str | None = 
 @export_format
 class Onnx(ExportFormat):
     name, title = "onnx", "ONNX"
+    head_in_graph = True
 
     def __init__(self, opset: int = 18) -> None:
         self.opset = opset
@@ -207,7 +213,7 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | No
         config = {
             "model": task.model.config.to_dict(),
             "task": info["task"],
-            **task.export_info("onnx"),
+            **task.export_info(head_in_graph=Onnx.head_in_graph),
             RECORD: record,
         }
         atomic_write_text(stage / "config.json", json.dumps(config, indent=2))
@@ -295,7 +301,7 @@ class GGUF(ExportFormat):
         config = {
             "model": task.model.config.to_dict(),
             "task": checkpoint["zoo_run"]["task"],
-            **task.export_info(self.name),
+            **task.export_info(head_in_graph=self.head_in_graph),
             RECORD: export_record(out, self.name, files),
         }
         return export_gguf(task, out, self.dtype, config, card)
