@@ -146,6 +146,8 @@ def sweep_table(sweep: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]
 def page_tables(record: dict[str, Any]) -> list[str]:
     from .page import md_table
 
+    if "sweep" not in record["data"]:  # a record written before the sweep was added
+        return []
     headers, rows = sweep_table(record["data"]["sweep"])
     return ["Training sweep (last training loss, or diverged):", "", md_table(headers, rows), ""]
 
