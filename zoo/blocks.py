@@ -22,9 +22,10 @@ from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttenti
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache, LayerCaches
 from zoo.mask import MaskMod, document_positions
-from zoo.norm import build_norm
+from zoo.norm import Placement, build_norm
 from zoo.position import Position
 from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
+from zoo.sublayer import Sublayer
 
 
 class Block(nn.Module):
@@ -34,11 +35,11 @@ class Block(nn.Module):
         self,
         *,
         attn: SelfAttention,
-        ffn: nn.Module,
-        attn_res: nn.Module,
-        ffn_res: nn.Module,
+        ffn: Sublayer,
+        attn_res: Placement,
+        ffn_res: Placement,
         cross_attn: CrossAttention | None = None,
-        cross_res: nn.Module | None = None,
+        cross_res: Placement | None = None,
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
@@ -64,6 +65,12 @@ class Block(nn.Module):
             x = self.cross_res(x, lambda h: drop(self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory)))
         return self.ffn_res(x, lambda h: drop(self.ffn(h)))
 
+    def branches(self) -> list[tuple[Sublayer, Placement]]:
+        """Each residual branch as (its sublayer, its placement), in forward order: what init asks
+        (``Placement.init_gain``)."""
+        pairs = [(self.attn, self.attn_res), (self.cross_attn, self.cross_res), (self.ffn, self.ffn_res)]
+        return [(sublayer, placement) for sublayer, placement in pairs if sublayer is not None]
+
 
 def _unchanged(x: Tensor) -> Tensor:
     return x
@@ -73,11 +80,11 @@ def build_block(cfg: ModelConfig, *, cross: bool) -> Block:
     placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
     return Block(
         attn=SelfAttention.from_config(cfg),
-        attn_res=placement.from_config(cfg),
+        attn_res=placement.from_config(cfg, cross=cross),
         cross_attn=CrossAttention.from_config(cfg) if cross else None,
-        cross_res=placement.from_config(cfg) if cross else None,
+        cross_res=placement.from_config(cfg, cross=cross) if cross else None,
         ffn=FFN.get(cfg.ffn, field="ffn").from_config(cfg),
-        ffn_res=placement.from_config(cfg),
+        ffn_res=placement.from_config(cfg, cross=cross),
         dropout=cfg.dropout,
     )
 

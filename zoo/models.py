@@ -30,7 +30,6 @@ from zoo.generation import GenerationMixin
 from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
-from zoo.sublayer import Sublayer
 
 
 class ZooModel(GenerationMixin, nn.Module):
@@ -104,8 +103,10 @@ class ZooModel(GenerationMixin, nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Normal(0, init_std) for matrices and embeddings, zero biases, unit norms; the output
-        projection of every residual branch scaled by 1/sqrt(2 * layers) (GPT-2, Radford et al. 2019)."""
+        """Normal(0, init_std) for matrices and embeddings, zero biases, unit norms; then each residual
+        branch as its placement says (``Placement.init_gain``): by default its output projections drawn
+        with std init_std/sqrt(2 * layers) (GPT-2, Radford et al. 2019); with a gain, its value weights
+        (``Sublayer.value_weights``) multiplied by it (DeepNorm's beta)."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -120,9 +121,15 @@ class ZooModel(GenerationMixin, nn.Module):
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
             attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
-        for module in self.modules():  # each sublayer declares its residual outputs
-            for proj in module.residual_projections() if isinstance(module, Sublayer) else ():
-                nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
+        branches = [pair for stack in self.stacks() for block in stack.blocks for pair in block.branches()]
+        for sublayer, placement in branches:
+            gain = placement.init_gain()
+            if gain is None:  # each sublayer declares its residual outputs
+                for proj in sublayer.residual_projections():
+                    nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
+            else:
+                for weight in sublayer.value_weights():
+                    weight.mul_(gain)
 
     def new_cache(self, capacity: int = 256, *, static: bool = False, kv_dtype: str | None = "model") -> Cache:
         """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode; it keeps

@@ -7,11 +7,15 @@ overriding them.
 
 from __future__ import annotations
 
-from torch import nn
+from typing import ClassVar
+
+from torch import Tensor, nn
 
 
 class Sublayer(nn.Module):
     """A residual branch of a block: :class:`zoo.attention.Attention`, :class:`zoo.ffn.MLP`."""
+
+    score_segments: ClassVar[frozenset[str]] = frozenset({"q", "k"})  # rows that only form attention scores
 
     def residual_projections(self) -> list[nn.Linear]:
         """The layers that write into the residual stream (init scales them down with depth)."""
@@ -22,3 +26,21 @@ class Sublayer(nn.Module):
         row blocks in order, e.g. ``{"qkv": [("q", 512), ("k", 128), ("v", 128)]}``. An adapter adapts
         each block alone (LoRA's ``targets=[q, v]``); a layer not named here is one segment."""
         return {}
+
+    def value_weights(self) -> list[Tensor]:
+        """The weights that carry values into the residual stream, as views of row blocks: every
+        Linear child's rows except the segments named in ``score_segments`` (a layer that
+        ``fused_segments`` does not name is one segment, named by its attribute: cross-attention's
+        ``q``). For attention that is v and the output projection; for an FFN, all of it. DeepNorm
+        scales them at init (zoo.norm.DeepNorm)."""
+        fused = self.fused_segments()
+        weights = []
+        for attr, child in self.named_children():
+            if not isinstance(child, nn.Linear):
+                continue
+            start = 0
+            for name, rows in fused.get(attr, [(attr, child.out_features)]):
+                if name not in self.score_segments:
+                    weights.append(child.weight[start : start + rows])  # (rows, in)
+                start += rows
+        return weights
