@@ -66,8 +66,7 @@ def _where(predicate) -> list:
 
 def _main_mask(form: str, mask: str, settings: dict) -> Mask:
     """The mask of the stack that reads input_ids, as the model builds it."""
-    cfg = tiny_config(arch=form, mask=mask, **settings)
-    return MASK.get(cfg.resolved_mask).from_config(cfg)
+    return zoo.build_model(tiny_config(arch=form, mask=mask, **settings)).stacks()[0].mask
 
 
 @functools.cache

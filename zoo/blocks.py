@@ -25,6 +25,7 @@ from zoo.mask import MaskMod, document_positions
 from zoo.norm import Placement, build_norm
 from zoo.position import Position
 from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
+from zoo.stack_role import StackRole
 from zoo.sublayer import Sublayer
 
 
@@ -76,15 +77,15 @@ def _unchanged(x: Tensor) -> Tensor:
     return x
 
 
-def build_block(cfg: ModelConfig, *, cross: bool) -> Block:
+def build_block(cfg: ModelConfig, *, role: StackRole) -> Block:
     placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
     return Block(
         attn=SelfAttention.from_config(cfg),
-        attn_res=placement.from_config(cfg, cross=cross),
-        cross_attn=CrossAttention.from_config(cfg) if cross else None,
-        cross_res=placement.from_config(cfg, cross=cross) if cross else None,
+        attn_res=placement.from_config(cfg, role=role),
+        cross_attn=CrossAttention.from_config(cfg) if role.cross else None,
+        cross_res=placement.from_config(cfg, role=role) if role.cross else None,
         ffn=FFN.get(cfg.ffn, field="ffn").from_config(cfg),
-        ffn_res=placement.from_config(cfg, cross=cross),
+        ffn_res=placement.from_config(cfg, role=role),
         dropout=cfg.dropout,
     )
 
@@ -110,14 +111,14 @@ class Stack(nn.Module):
     It is off while a KV cache is filled or read: a recompute would append the keys twice.
     """
 
-    def __init__(self, cfg: ModelConfig, *, n_layers: int, mask: str, cross: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, *, n_layers: int, mask: str, role: StackRole) -> None:
         super().__init__()
-        self.mask = MASK.get(mask, field="mask").from_config(cfg)
+        self.mask = MASK.get(mask, field="mask").from_config(cfg, role=role)
         self.position: Position = POSITION.get(cfg.position, field="position").from_config(cfg, causal=self.mask.causal)
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
         self.embed_norm = build_norm(cfg) if placement.embedding_norm else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(build_block(cfg, cross=cross) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(build_block(cfg, role=role) for _ in range(n_layers))
         self.final_norm = build_norm(cfg) if placement.final_norm else None
         self.checkpoint_every = cfg.checkpoint_every
 

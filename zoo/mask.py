@@ -37,6 +37,7 @@ from torch import Tensor
 
 from zoo.config import ModelConfig
 from zoo.registry import MASK, ConfigError
+from zoo.stack_role import LONE, StackRole
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool, True = attend
 
@@ -103,8 +104,8 @@ class Mask:
         a ``window`` that the mask does not read is refused there, as every unread setting is)."""
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> Mask:
-        """The mask of a stack of ``cfg``'s model (the stack calls it once, when it is built)."""
+    def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> Mask:
+        """The mask of a stack of ``cfg``'s model in ``role`` (the stack calls it once, when it is built)."""
         return cls()
 
     @classmethod
@@ -194,7 +195,8 @@ class Prefix(Mask):
 @MASK.register("sliding_window")
 class SlidingWindow(Mask):
     """Each query sees the keys less than ``window`` positions away: |i - j| < window, the band of an
-    encoder. In a form whose own mask is causal, ``from_config`` makes a :class:`CausalSlidingWindow`.
+    encoder. In a stack whose form's own mask is causal (``StackRole.causal``), ``from_config`` makes a
+    :class:`CausalSlidingWindow`.
     Positions are indices in the (left-padded) sequence, so padding never shifts a real token's window."""
 
     reads = frozenset({"window"})
@@ -211,10 +213,9 @@ class SlidingWindow(Mask):
             )
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> SlidingWindow:
+    def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> SlidingWindow:
         assert cfg.window is not None  # check (called by ModelConfig.validate) guarantees it
-        causal = MASK.get(cfg.form.natural_mask, field="mask").causal
-        return (CausalSlidingWindow if causal else SlidingWindow)(cfg.window)
+        return (CausalSlidingWindow if role.causal else SlidingWindow)(cfg.window)
 
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         window = self.window
@@ -251,7 +252,7 @@ class Document(Causal):
     reads = frozenset({"window"})  # any window or none (see :class:`DocumentWindow`)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> Document | DocumentWindow:
+    def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> Document | DocumentWindow:
         return cls() if cfg.window is None else DocumentWindow(cfg.window)
 
     @classmethod

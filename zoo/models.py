@@ -11,158 +11,25 @@ its inputs (``input_names``, ``example_inputs``), its attention maps, its head a
 - ``decoder`` (GPT): token embeddings -> causal stack -> LM head (tied to the embeddings or not).
 - ``encoder_decoder`` (T5): one shared embedding table; a bidirectional encoder; a causal decoder
   whose blocks add cross-attention over the encoder output (its K/V computed once per source).
+
+What the forms share (weights' init, the KV cache, embeddings and head) is :class:`ZooModel`, in
+zoo/zoo_model.py; it is importable from here too.
 """
 
 from __future__ import annotations
-
-import math
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
-from zoo.decoding import DecoderSteps, EncoderDecoderSteps, Steps
-from zoo.generation import GenerationMixin
-from zoo.kv_cache import Cache, check_kv_dtype
+from zoo.decoding import DecoderSteps, EncoderDecoderSteps
+from zoo.kv_cache import Cache
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
-
-
-class ZooModel(GenerationMixin, nn.Module):
-    """Shared pieces: the token embedding, weight init, caches and generation; and the defaults of
-    what a form declares about itself (each registered form sets its own)."""
-
-    natural_mask: ClassVar[str] = "bidirectional"  # the main stack's self-attention mask when cfg.mask is None
-    cross_attention: ClassVar[bool] = False  # reads a source and a target: decoder blocks attend over the encoder
-    decoding: ClassVar[type[Steps] | None] = None  # how generate() decodes (zoo.decoding); None: it cannot
-    input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")  # forward's inputs, by keyword
-    attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
-    reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
-
-    @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
-        """Raise ConfigError for a setting this form cannot use (ModelConfig.validate calls it)."""
-
-    @classmethod
-    def has_vocab_head(cls, cfg: ModelConfig) -> bool:
-        """Whether the output is multiplied by a (d_model, vocab) matrix: logits over the vocabulary."""
-        return True
-
-    @classmethod
-    def attention_layers(cls, cfg: ModelConfig) -> int:
-        """Attention layers per forward pass (self and cross), for counting FLOPs."""
-        return cfg.n_layers
-
-    @classmethod
-    def cached_layers(cls, cfg: ModelConfig) -> int:
-        """Attention layers whose keys and values a KV cache holds while generating."""
-        return 0
-
-    @classmethod
-    def example_inputs(
-        cls, cfg: ModelConfig, *, batch: int = 2, length: int = 16, generator: torch.Generator | None = None
-    ) -> dict[str, Tensor]:
-        """Inputs to trace or test a model of ``cfg`` with, by ``input_names``: random token ids
-        (>= 5, clear of the special tokens) and an attention mask that pads the second half of the
-        first row. ``generator`` defaults to one seeded with 0."""
-        generator = torch.Generator().manual_seed(0) if generator is None else generator
-        inputs = {
-            "input_ids": torch.randint(5, cfg.vocab_size, (batch, length), generator=generator),
-            "attention_mask": torch.ones(batch, length, dtype=torch.long),
-        }
-        inputs["attention_mask"][0, length // 2 :] = 0  # exercise padding
-        return inputs
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self._kv_dtype: str | None = None  # see kv_dtype
-
-    @property
-    def kv_dtype(self) -> str | None:
-        """How keys and values are kept: None (their own dtype) or "int8" (zoo.kv_cache). New KV caches
-        store them so, and attention without a cache rounds them the same way, so a forward pass
-        computes what cached decoding does. ``zoo.quantize(model, kv_cache="int8")`` sets it."""
-        return self._kv_dtype
-
-    @kv_dtype.setter
-    def kv_dtype(self, kv_dtype: str | None) -> None:
-        check_kv_dtype(kv_dtype)
-        self._kv_dtype = kv_dtype
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.kv_dtype = kv_dtype
-
-    def stacks(self) -> list[Stack]:
-        return [m for m in self.children() if isinstance(m, Stack)]
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """Normal(0, init_std) for matrices and embeddings, zero biases, unit norms; then each residual
-        branch as its placement says (``Placement.init_gain``): by default its output projections drawn
-        with std init_std/sqrt(2 * layers) (GPT-2, Radford et al. 2019); with a gain, its value weights
-        (``Sublayer.value_weights``) multiplied by it (DeepNorm's beta)."""
-        std = self.config.init_std
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=std)
-            elif hasattr(module, "reset_parameters") and not list(module.children()):
-                module.reset_parameters()  # norms
-        n_layers = sum(len(s.blocks) for s in self.stacks())
-        for attn in (m for m in self.modules() if isinstance(m, Attention)):
-            # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
-            attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
-        branches = [pair for stack in self.stacks() for block in stack.blocks for pair in block.branches()]
-        for sublayer, placement in branches:
-            gain = placement.init_gain()
-            if gain is None:  # each sublayer declares its residual outputs
-                for proj in sublayer.residual_projections():
-                    nn.init.normal_(proj.weight, std=std / math.sqrt(2 * n_layers))
-            else:
-                for weight in sublayer.value_weights():
-                    weight.mul_(gain)
-
-    def new_cache(self, capacity: int = 256, *, static: bool = False, kv_dtype: str | None = "model") -> Cache:
-        """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode; it keeps
-        only as many past positions as the decoder's mask lets a query see (``Mask.lookback``).
-        ``static``: all ``capacity`` positions allocated at the first write, the shapes a compiled
-        decoding step needs; ``kv_dtype``: "int8" or None (the keys' own dtype), by default the
-        model's ``kv_dtype`` (zoo.kv_cache)."""
-        decoder = self.stacks()[-1]
-        return Cache(
-            len(decoder.blocks),
-            cross=self.cross_attention,
-            capacity=capacity,
-            keep=decoder.mask.lookback,
-            static=static,
-            kv_dtype=self.kv_dtype if kv_dtype == "model" else kv_dtype,
-        )
-
-    def embed_tokens(self, input_ids: Tensor) -> Tensor:
-        """(B, T) token ids -> (B, T, D) embeddings, times ``embed_scale``. With sinusoidal
-        positions (unit amplitude) and small initial embeddings, sqrt(d_model) keeps the tokens
-        from being swamped by their positions (Vaswani et al. 2017, sec. 3.4)."""
-        x = self.embed(input_ids)
-        return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
-
-    def _lm_head(self) -> nn.Module:
-        return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        """(B, T, D) final hidden states -> (B, T, V) next-token logits."""
-        hidden = hidden * self.config.logit_scale if self.config.logit_scale != 1.0 else hidden
-        if self.lm_head is None:
-            return F.linear(hidden, self.embed.weight)
-        return self.lm_head(hidden)
+from zoo.stack_role import StackRole
+from zoo.zoo_model import ZooModel
 
 
 @ARCH.register("encoder")
@@ -183,7 +50,7 @@ class EncoderModel(ZooModel):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        self.encoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask)
+        self.encoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask, role=StackRole())
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
         self.mlm_head = MLMHead(cfg) if cfg.mlm_head else None
 
@@ -253,7 +120,7 @@ class DecoderModel(ZooModel):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.decoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask)
+        self.decoder = Stack(cfg, n_layers=cfg.n_layers, mask=cfg.resolved_mask, role=StackRole(causal=True))
         self.lm_head = None if cfg.tie_embeddings else self._lm_head()
 
     def features(
@@ -342,8 +209,9 @@ class EncoderDecoderModel(ZooModel):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.encoder = Stack(cfg, n_layers=cfg.resolved_n_encoder_layers, mask=cfg.resolved_mask)
-        self.decoder = Stack(cfg, n_layers=cfg.resolved_n_decoder_layers, mask="causal", cross=True)
+        encoder, decoder = StackRole(paired=True), StackRole(causal=True, cross=True, paired=True)
+        self.encoder = Stack(cfg, n_layers=cfg.resolved_n_encoder_layers, mask=cfg.resolved_mask, role=encoder)
+        self.decoder = Stack(cfg, n_layers=cfg.resolved_n_decoder_layers, mask="causal", role=decoder)
         self.lm_head = None if cfg.tie_embeddings else self._lm_head()
 
     def encode(

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.registry import NORM, NORM_PLACEMENT
+from zoo.registry import NORM, NORM_PLACEMENT, ConfigError
+from zoo.stack_role import LONE, StackRole
 
 
 @NORM.register("layernorm")
@@ -50,6 +51,48 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), self.weight.shape, eps=self.eps).type_as(x) * self.weight
 
 
+@NORM.register("dyt")
+class DyT(nn.Module):
+    """Dynamic Tanh, weight * tanh(alpha * x) + bias, in place of a norm: element-wise, no statistics
+    over the features; alpha is one learnable scalar that starts at ``cfg.dyt_alpha`` (Zhu et al. 2025,
+    "Transformers without Normalization", https://arxiv.org/abs/2503.10622, Algorithm 1). The bias
+    follows ``cfg.bias``, as LayerNorm's; ``norm_eps`` has nothing to act on."""
+
+    reads: ClassVar[frozenset[str]] = frozenset({"dyt_alpha"})  # zoo.registry.reads
+
+    def __init__(self, dim: int, *, alpha: float = 0.5, bias: bool = True) -> None:
+        super().__init__()
+        self.alpha_init = alpha
+        self.alpha = nn.Parameter(torch.empty(1))
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.bias = nn.Parameter(torch.empty(dim)) if bias else None
+        self.reset_parameters()
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for a starting slope that is not positive (ModelConfig.validate calls it)."""
+        if not cfg.dyt_alpha > 0:
+            raise ConfigError(f"dyt_alpha={cfg.dyt_alpha} must be > 0 (the paper starts alpha at 0.5)")
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, dim: int) -> DyT:
+        return cls(dim, alpha=cfg.dyt_alpha, bias=cfg.bias)
+
+    def reset_parameters(self) -> None:
+        """The paper's init: alpha = its starting value, weight 1, bias 0 (zoo's init_weights calls it)."""
+        nn.init.constant_(self.alpha, self.alpha_init)
+        nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.tanh(self.alpha * x) * self.weight
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, alpha_init={self.alpha_init:g}, bias={self.bias is not None}"
+
+
 def build_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
     return NORM.get(cfg.norm, field="norm").from_config(cfg, cfg.d_model if dim is None else dim)
 
@@ -69,9 +112,8 @@ class Placement(nn.Module):
         """Raise ConfigError for settings this placement cannot work with (ModelConfig.validate calls it)."""
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, *, cross: bool = False) -> Placement:
-        """``cross``: the block attends over an encoder's output too, i.e. it is in the decoder of an
-        encoder-decoder; with ``cfg.form`` it tells which stack the placement serves."""
+    def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> Placement:
+        """The placement of one sublayer of a block in a stack in ``role`` (which of a form's stacks it is)."""
         return cls(build_norm(cfg))
 
     def init_gain(self) -> float | None:
@@ -114,7 +156,7 @@ class SandwichNorm(Placement):
         self.norm_out = norm_out
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, *, cross: bool = False) -> SandwichNorm:
+    def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> SandwichNorm:
         return cls(build_norm(cfg), build_norm(cfg))
 
     def forward(self, x: Tensor, f: Sublayer) -> Tensor:
@@ -134,8 +176,8 @@ class DeepNorm(PostNorm):
         self.alpha, self.beta = alpha, beta
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, *, cross: bool = False) -> DeepNorm:
-        alpha, beta = deepnorm_constants(cfg, cross=cross)
+    def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> DeepNorm:
+        alpha, beta = deepnorm_constants(cfg, role)
         return cls(build_norm(cfg), alpha=alpha, beta=beta)
 
     def init_gain(self) -> float:
@@ -148,15 +190,15 @@ class DeepNorm(PostNorm):
         return f"alpha={self.alpha:.4g}, beta={self.beta:.4g}"
 
 
-def deepnorm_constants(cfg: ModelConfig, *, cross: bool = False) -> tuple[float, float]:
+def deepnorm_constants(cfg: ModelConfig, role: StackRole) -> tuple[float, float]:
     """DeepNorm's (alpha, beta) for one stack, by the paper's Figure 2 (https://arxiv.org/abs/2203.00555).
     Encoder-only or decoder-only with N layers: alpha = (2N)^(1/4), beta = (8N)^(-1/4). Encoder-decoder
     with N encoder and M decoder layers: encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16);
-    decoder (``cross``: its blocks attend over the encoder) alpha = (3M)^(1/4), beta = (12M)^(-1/4)."""
-    if not cfg.form.cross_attention:
+    decoder alpha = (3M)^(1/4), beta = (12M)^(-1/4). ``role`` says which stack (zoo.stack_role)."""
+    if not role.paired:
         return (2 * cfg.n_layers) ** 0.25, (8 * cfg.n_layers) ** -0.25
     n, m = cfg.resolved_n_encoder_layers, cfg.resolved_n_decoder_layers
-    if cross:
+    if role.cross:
         return (3 * m) ** 0.25, (12 * m) ** -0.25
     depth = (n**4 * m) ** (1 / 16)
     return 0.81 * depth, 0.87 / depth
