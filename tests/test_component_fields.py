@@ -28,6 +28,7 @@ VARIED = {
     "rel_max_distance": 20,
     "gelu_approximate": "tanh",
     "window": 4,
+    "dyt_alpha": 0.8,
 }
 SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
 

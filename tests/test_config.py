@@ -25,7 +25,7 @@ from zoo.registry import POSITION
         (dict(dropout=-0.1), r"dropout=-0.1 must lie in \[0, 1\)"),
         (dict(attn_dropout=1.5), r"attn_dropout=1.5"),
         (dict(position="rop"), r"position='rop' is not a registered position.*Did you mean 'rope'"),
-        (dict(norm="rms"), r"norm='rms'.*valid names: layernorm, rmsnorm"),
+        (dict(norm="rms"), r"norm='rms'.*valid names: dyt, layernorm, rmsnorm"),
         (dict(ffn="swish"), r"ffn='swish'.*Did you mean 'swiglu'"),
         (dict(arch="gpt"), r"arch='gpt'.*decoder, encoder, encoder_decoder"),
         (dict(mask="casual"), r"mask='casual'.*Did you mean 'causal'"),

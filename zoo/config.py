@@ -56,6 +56,7 @@ class ModelConfig:
     qkv_bias: bool | None = None  # None: = bias (Qwen2 has q/k/v biases only)
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
+    dyt_alpha: float = 0.5  # norm=dyt: the starting value of its learnable tanh slope alpha
     gelu_approximate: str = "none"  # "none" (erf, BERT) or "tanh" (GPT-2, T5 v1.1)
     attn_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
     logit_scale: float = 1.0  # multiplies the final hidden state before the LM head (T5 v1.0: d_model**-0.5)

@@ -1,6 +1,8 @@
 """Position-wise feed-forward networks (``ffn``).
 
 - ``relu``, ``gelu``: W2 act(W1 x + b1) + b2, hidden 4*d_model (Vaswani et al.; Hendrycks & Gimpel).
+- ``relu2``: the same MLP with act(x) = relu(x)^2 (So et al. 2021, "Primer",
+  https://arxiv.org/abs/2109.08668).
 - ``swiglu``, ``geglu``: W2 (act(W_gate x) * W_up x) (Shazeer 2020, "GLU Variants Improve
   Transformer"); hidden 2/3 * 4 * d_model rounded up to ``ffn_multiple_of`` so the parameter count
   matches the plain MLP. Gate and up projections are one fused matmul.
@@ -69,6 +71,11 @@ def _gelu(cfg: ModelConfig) -> Activation:
     return partial(F.gelu, approximate=cfg.gelu_approximate)
 
 
+def relu2(x: Tensor) -> Tensor:
+    """Squared ReLU, relu(x)^2 (So et al. 2021, "Primer", https://arxiv.org/abs/2109.08668)."""
+    return F.relu(x).square()
+
+
 @FFN.register("relu")
 class ReLUMLP(MLP):
     activation = staticmethod(lambda cfg: F.relu)
@@ -78,6 +85,11 @@ class ReLUMLP(MLP):
 class GELUMLP(MLP):
     activation = staticmethod(_gelu)
     reads = frozenset({"gelu_approximate"})
+
+
+@FFN.register("relu2")
+class ReLU2MLP(MLP):
+    activation = staticmethod(lambda cfg: relu2)
 
 
 @FFN.register("swiglu")
