@@ -3,12 +3,10 @@ with ``zoo.from_hf``, give the same outputs and the same greedy generations (fp3
 
 Random weights are drawn with a large std (initializer_range=0.2; T5: initializer_factor=4.0 for
 generation) so that greedy paths are not one token repeated; each generation test checks that, so
-it can fail.
+it can fail. How configs are read (sizes, registration, refusals): tests/test_hf_configs.py.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
@@ -18,23 +16,18 @@ import zoo
 
 transformers = pytest.importorskip("transformers")
 
-ATOL = 1e-4
-VOCAB = 100
-NEW = 8  # generated tokens
-
-
-def _close(a: Tensor, b: Tensor) -> None:
-    torch.testing.assert_close(a, b, atol=ATOL, rtol=1e-4)
-
-
-def _convert(hf: torch.nn.Module) -> zoo.ZooModel:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="zoo")  # a plain LM conversion is silent
-        return zoo.from_hf(hf)
-
-
-def _tokens(*shape: int, seed: int = 1) -> Tensor:
-    return torch.randint(3, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+from hf_tiny import (  # noqa: E402  (after the importorskip)
+    NEW,
+    VOCAB,
+    _bert_config,
+    _build,
+    _close,
+    _convert,
+    _gpt2_config,
+    _llama_config,
+    _t5_config,
+    _tokens,
+)
 
 
 def _hf_generate(hf: torch.nn.Module, ids: Tensor) -> Tensor:
@@ -46,63 +39,6 @@ def _hf_generate(hf: torch.nn.Module, ids: Tensor) -> Tensor:
 
 def _assert_varied(continuation: Tensor) -> None:
     assert len(set(continuation.flatten().tolist())) > 1, f"degenerate greedy path {continuation.tolist()}"
-
-
-# ---- tiny models -------------------------------------------------------------------------------
-def _gpt2_config(**kw) -> transformers.GPT2Config:
-    return transformers.GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=VOCAB,
-        n_positions=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        initializer_range=0.2,
-        **kw,
-    )
-
-
-def _bert_config(**kw) -> transformers.BertConfig:
-    return transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        **kw,
-    )
-
-
-def _t5_config(**kw) -> transformers.T5Config:
-    # d_kv * num_heads = 128 != d_model: exercises head_dim
-    return transformers.T5Config(
-        num_layers=2, d_model=64, num_heads=4, d_kv=32, d_ff=128, vocab_size=VOCAB, decoder_start_token_id=0, **kw
-    )
-
-
-def _llama_config(cls: type | None = None, **kw) -> transformers.PretrainedConfig:
-    cls = cls or transformers.LlamaConfig
-    return cls(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-        **kw,
-    )
-
-
-def _build(cls: type, config, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return cls(config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -306,100 +242,3 @@ def test_generate_left_padded_batch(family, request):
         alone = _hf_generate(hf, torch.tensor([prompt]))[0]
         assert row[-len(alone) :].tolist() == alone.tolist()
         _assert_varied(alone[len(prompt) :])
-
-
-# ---- configs -----------------------------------------------------------------------------------
-def _hf_parameters(hf: torch.nn.Module) -> int:
-    return sum(p.numel() for p in hf.parameters())  # tied tensors once
-
-
-_TINY = {  # one tiny model per registered family
-    "gpt2": lambda: _build(transformers.GPT2LMHeadModel, _gpt2_config()),
-    "bert": lambda: _build(transformers.BertModel, _bert_config()),
-    "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
-    "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
-    "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
-    "mistral": lambda: _build(
-        transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=4)
-    ),
-}
-
-
-@pytest.mark.parametrize("name", zoo.hf.FAMILIES.names())
-def test_every_family_round_trips_its_config_and_sizes(name):
-    assert name in _TINY, f"HF family {name!r} is registered in zoo.hf.FAMILIES but has no tiny model in _TINY"
-    hf = _TINY[name]()
-    assert hf.config.model_type == name
-    cfg = zoo.from_hf_config(hf.config)
-    c = hf.config
-    assert (cfg.vocab_size, cfg.d_model) == (c.vocab_size, c.hidden_size)
-    assert cfg.n_heads == c.num_attention_heads
-    assert cfg.n_layers == c.num_hidden_layers
-    with torch.device("meta"):
-        model = zoo.build_model(cfg)
-    assert zoo.count_parameters(model) == _hf_parameters(hf)
-    assert zoo.ModelConfig.from_dict(cfg.to_dict()) == cfg
-
-
-@pytest.mark.parametrize(
-    ("config", "expected"),
-    [
-        (lambda: transformers.GPT2Config(), 124_439_808),  # GPT-2 small
-        (lambda: transformers.BertConfig(), 109_482_240),  # BERT-base (with pooler)
-        (lambda: transformers.T5Config(), 60_506_624),  # T5-small
-        (lambda: transformers.LlamaConfig(), 6_738_415_616),  # Llama 2 7B
-    ],
-)
-def test_default_configs_give_published_sizes(config, expected):
-    with torch.device("meta"):
-        model = zoo.build_model(zoo.from_hf_config(config()))
-    assert zoo.count_parameters(model) == expected
-
-
-def test_a_family_registered_from_outside_converts():
-    """A new model_type is one record: Mistral without its sliding window is Llama's layout (zoo's own
-    mistral record is set aside meanwhile)."""
-    llama = zoo.hf.FAMILIES.get("llama")
-    own = zoo.hf.FAMILIES.unregister("mistral")
-    zoo.hf.FAMILIES.register("mistral")(zoo.hf.Family(llama.config, llama.weights, llama.backbone))
-    try:
-        hf = _build(transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=None))
-        model = _convert(hf)
-    finally:
-        zoo.hf.FAMILIES.unregister("mistral")
-        zoo.hf.FAMILIES.register("mistral")(own)
-    ids = _tokens(2, 12)
-    with torch.no_grad():
-        _close(model(ids), hf(ids).logits)
-
-
-def test_unsupported_model_type_raises():
-    with pytest.raises(ValueError, match="supported model types: bert, gpt2, llama, mistral, qwen2, t5"):
-        zoo.from_hf_config(transformers.BartConfig())
-
-
-@pytest.mark.parametrize(
-    "config",
-    [
-        lambda: _llama_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
-        lambda: _gpt2_config(scale_attn_by_inverse_layer_idx=True),
-        lambda: _llama_config(hidden_act="relu"),  # a gated ReLU: zoo has no ReGLU
-        lambda: _llama_config(transformers.Qwen2Config, use_sliding_window=True, max_window_layers=1),
-    ],
-)
-def test_unsupported_settings_raise(config):
-    with pytest.raises(ValueError, match="not supported|no zoo"):
-        zoo.from_hf_config(config())
-
-
-def test_bert_relative_positions_raise():
-    config = _bert_config()
-    config.position_embedding_type = "relative_key"  # transformers 5 no longer defines the field
-    with pytest.raises(ValueError, match="position_embedding_type"):
-        zoo.from_hf_config(config)
-
-
-def test_out_of_vocab_token_ids_are_dropped():
-    with pytest.warns(UserWarning, match="eos_token_id=50256"):
-        cfg = zoo.from_hf_config(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB))
-    assert cfg.eos_token_id is None and cfg.pad_token_id == 0
