@@ -97,8 +97,8 @@ def test_grad_norms_have_one_value_per_layer_and_the_step_moves_the_output() -> 
     assert norm_probe.output_change(model, norm_probe.batch(0, rows=2, length=8)) > 0
 
 
-def _run(placement: str, depth: int, diverged: bool) -> dict:
-    return {"placement": placement, "depth": depth, "lr": 1e-2, "warmup": 0, "diverged": diverged, "curve": []}
+def _run(placement: str, depth: int, diverged: bool, last: float = 5.0) -> dict:
+    return {"placement": placement, "depth": depth, "lr": 1e-2, "warmup": 0, "diverged": diverged, "last": last}
 
 
 @pytest.mark.parametrize(
@@ -111,4 +111,12 @@ def test_norm_verdict_follows_the_numbers(post_growth, post_steps, post_diverges
     sweep = [_run("pre", 24, False), _run("post", 24, post_diverges), _run("deepnorm", 24, False)]
     agreement, seen = norm.verdict(growth, steps, sweep)
     assert agreement == expected
-    assert ("DeepNorm diverged in 0 of the 1" in seen) == post_diverges
+    assert ("DeepNorm failed too in 0 of those 1" in seen) == post_diverges
+
+
+def test_a_post_norm_run_that_does_not_train_counts_as_failed() -> None:
+    growth, steps = {"pre": {24: 1.0}, "post": {24: 1.0}}, {"pre": {6: 1.0, 48: 2.0}, "post": {6: 1.0, 48: 1.0}}
+    stuck = [_run("pre", 24, False, last=5.0), _run("post", 24, False, last=5.0 + norm.FAIL_MARGIN + 0.01)]
+    assert norm.verdict(growth, steps, stuck)[0] == "partial"
+    close = [_run("pre", 24, False, last=5.0), _run("post", 24, False, last=5.0 + norm.FAIL_MARGIN - 0.01)]
+    assert norm.verdict(growth, steps, close)[0] == "does not"

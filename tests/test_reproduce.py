@@ -195,7 +195,7 @@ def test_quick_mode_writes_table_and_figure(quick: tuple[Path, dict], number: in
 def test_quick_mode_numbers_are_sane(quick: tuple[Path, dict]) -> None:
     _, results = quick
     ppl = results["experiments"]["1"]["data"]["ppl"]
-    assert {"rope", "alibi", "rope+PI"} <= set(ppl)
+    assert {"rope", "alibi", "rope+linear", "rope+ntk", "rope+yarn"} <= set(ppl)
     assert all(math.isfinite(v) and v > 1 for d in ppl.values() for v in d.values())
     memory = results["experiments"]["5"]["data"]["memory"]
     assert memory and all(m["measured"] == m["zoo_stats"] <= m["allocated"] for m in memory)

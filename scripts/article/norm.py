@@ -21,6 +21,7 @@ STEP_DEPTHS = (6, 12, 24, 48)
 PROBE_SEEDS = (0, 1, 2)
 SWEEP = {"depths": (6, 24), "lrs": (1e-3, 1e-2), "warmups": (0, 100), "placements": ("pre", "post", "deepnorm")}
 UNITS = 2 + 2 * 2 * 2 * 3  # the two probes, the sweep
+FAIL_MARGIN = 0.3  # nats above the Pre-Norm twin's last training loss: the run did not train
 CLAIM = (
     "Post-Norm trains less stably and deep Post-Norm networks diverge easily; Pre-Norm's clean residual path "
     "lets a network go deeper without lowering the learning rate (article section 5). Xiong et al. 2020: at "
@@ -35,7 +36,8 @@ SETUP = (
     "model/norm_placement=<p> model.n_layers=<d> optimizer.lr=<lr> scheduler.warmup_steps=<w>` for p in "
     "{placements}, d in {depths}, lr in {lrs}, w in {warmups}: {steps} steps of 16 x 64 tokens, AdamW with "
     "cosine decay, no gradient clipping. Diverged = a non-finite loss, or the mean of the last three logged "
-    "losses above the first. deepnorm = Wang et al. 2022 (DeepNet): Post-Norm with the residual scaled by "
+    "losses above the first; failed = diverged, or a last training loss {fail} nats or more above the Pre-Norm run "
+    "of the same setting. deepnorm = Wang et al. 2022 (DeepNet): Post-Norm with the residual scaled by "
     "alpha = (2N)^(1/4) and the FFN, value and output projections initialised smaller by beta = (8N)^(-1/4)."
 )
 HEADERS = ["placement", *(f"grad last/first @ {d}" for d in PROBE_DEPTHS), *(f"step change @ {d}" for d in STEP_DEPTHS)]
@@ -74,6 +76,7 @@ def run(ctx: Context) -> Result:
         lrs=list(SWEEP["lrs"]),
         warmups=list(SWEEP["warmups"]),
         steps=6 if ctx.quick else 300,
+        fail=FAIL_MARGIN,
     )
     return Result(NUMBER, TITLE, CLAIM, setup, HEADERS, rows, figure(ctx, data), observed, agreement, data=data)
 
@@ -157,19 +160,25 @@ def verdict(
 ) -> tuple[str, str]:
     """(agreement, what was seen) from the probes and the sweep. Claims: at the deepest probe Post-Norm's
     gradients grow toward the output more than Pre-Norm's (last/first ratio at least 1.5x Pre-Norm's);
-    Post-Norm's step change grows more with depth than Pre-Norm's; in the sweep some Post-Norm run diverges
-    whose Pre-Norm twin does not. All hold: agrees; none: does not; else partial."""
+    Post-Norm's step change grows more with depth than Pre-Norm's; in the sweep some Post-Norm run fails
+    (diverges, or ends FAIL_MARGIN nats above its Pre-Norm twin) whose Pre-Norm twin trains. All hold:
+    agrees; none: does not; else partial."""
     deep = max(growth["post"])
     first, last = min(steps["post"]), max(steps["post"])
-    twins = {(r["depth"], r["lr"], r["warmup"]): r["diverged"] for r in sweep if r["placement"] == "pre"}
-    post_only = [r for r in sweep if r["placement"] == "post" and r["diverged"] and not twins.get(_key(r), True)]
+    twins = {_key(r): r for r in sweep if r["placement"] == "pre"}
+
+    def failed(r: dict[str, Any]) -> bool:
+        twin = twins.get(_key(r))
+        return twin is not None and not twin["diverged"] and (r["diverged"] or r["last"] > twin["last"] + FAIL_MARGIN)
+
+    post_only = [r for r in sweep if r["placement"] == "post" and failed(r)]
     fixed = [r for r in sweep if r["placement"] == "deepnorm" and any(_key(r) == _key(p) for p in post_only)]
     checks = {
         f"Post-Norm's gradients grow toward the output more than Pre-Norm's at {deep} layers": growth["post"][deep]
         > 1.5 * growth["pre"][deep],
         "one step moves Post-Norm's output more, the more so with depth": steps["post"][last] / steps["post"][first]
         > steps["pre"][last] / steps["pre"][first],
-        "some Post-Norm run diverges where Pre-Norm does not": bool(post_only),
+        "some Post-Norm run fails where Pre-Norm trains": bool(post_only),
     }
     held = sum(checks.values())
     agreement = "agrees" if held == len(checks) else "does not" if held == 0 else "partial"
@@ -179,12 +188,8 @@ def verdict(
         + ". Logits' change after one step, deepest over shallowest: "
         + ", ".join(f"{p} {s[max(s)] / s[min(s)]:.1f}x" for p, s in steps.items())
         + f". Diverged in the sweep: {', '.join(_name(r) for r in sweep if r['diverged']) or 'none'}. "
-        + (
-            f"DeepNorm diverged in {sum(r['diverged'] for r in fixed)} of the {len(fixed)} settings where "
-            "Post-Norm alone diverged. "
-            if fixed
-            else ""
-        )
+        + f"Post-Norm failed where Pre-Norm trained: {', '.join(_name(r) for r in post_only) or 'nowhere'}. "
+        + (f"DeepNorm failed too in {sum(map(failed, fixed))} of those {len(fixed)} settings. " if fixed else "")
         + " ".join(f"{claim}: {'yes' if ok else 'no'}." for claim, ok in checks.items())
     )
     return agreement, seen

@@ -41,7 +41,7 @@ def _intro(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
         "Command of the last run: "
         f"`{meta['command']}` (records of earlier runs are kept).  ",
         f"Date: {meta['date']}. Machine: {meta['machine']}. Total time: {meta['total_seconds'] / 60:.1f} min "
-        f"({meta['threads']} PyTorch thread; the cores were shared with other work).",
+        f"({meta['threads']} PyTorch thread; the cores were shared with other work){_wall(meta)}.",
         "",
         "Trained experiments run zoo-train's `train()` on `conf/experiment/ablation_*.yaml`; the others "
         "measure the library. Everything is seeded, and each section names its seeds. A claim whose effect "
@@ -92,3 +92,9 @@ def _seeds(r: dict[str, Any]) -> str:
     if isinstance(seeds, dict):
         return "; ".join(f"{what} {', '.join(map(str, values))}" for what, values in seeds.items())
     return ", ".join(map(str, seeds))
+
+
+def _wall(meta: dict[str, Any]) -> str:
+    """The wall-clock time, where the experiments ran side by side and it differs from their sum."""
+    wall = meta.get("wall_seconds")
+    return f"; {wall / 60:.1f} min of wall-clock time" if wall else ""
