@@ -17,6 +17,7 @@ from zoo.config import ModelConfig
 from zoo.decoding import Steps
 from zoo.generation import GenerationMixin
 from zoo.kv_cache import Cache, check_kv_dtype
+from zoo.sublayer import Sublayer
 
 
 class ZooModel(GenerationMixin, nn.Module):
@@ -110,6 +111,8 @@ class ZooModel(GenerationMixin, nn.Module):
             attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
         branches = [pair for stack in self.stacks() for block in stack.blocks for pair in block.branches()]
         for sublayer, placement in branches:
+            if not isinstance(sublayer, Sublayer):  # a user's component need not declare its weights: left as drawn
+                continue
             gain = placement.init_gain()
             if gain is None:  # each sublayer declares its residual outputs
                 for proj in sublayer.residual_projections():
