@@ -8,10 +8,21 @@ Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(hd) (Vaswan
 :class:`SelfAttention` takes Q, K and V from one sequence (one fused ``qkv`` projection);
 :class:`CrossAttention` takes Q from it and K, V from the encoder output (``q`` and a fused ``kv``).
 The kernels (``attention=sdpa|flex|auto|math``) are zoo.kernels.
+
+Options every layer may carry (``ModelConfig``):
+
+- ``qk_norm``: a norm (any registered one, over hd) on each head's queries and keys before RoPE, so
+  the scores stay bounded however large the projections grow (Dehghani et al. 2023; Qwen3, OLMo 2).
+- ``attn_softcap`` c: scaled scores s become c * tanh(s / c) before the mask (Gemma 2; zoo.kernels).
+- ``value_residual``: every self-attention layer after the first mixes its values with the first
+  layer's, v_n <- v_n + lambda_n (v_1 - v_n), lambda_n learnable from 0.5 (Zhou et al. 2024,
+  "Value Residual Learning", https://arxiv.org/abs/2410.17897; :class:`ValueResidual`). Per position,
+  before the KV cache: cached decoding stores mixed values and equals the full forward.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,10 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.kernels import AttentionKernel, Scoring, run_flex
+from zoo.kernels import AttentionKernel, Scoring, run_flex, softcapped
 from zoo.kv_cache import KVCache, round_trip
 from zoo.position import ScoreMod, apply_rotary
-from zoo.registry import ATTENTION
+from zoo.registry import ATTENTION, NORM
 from zoo.sublayer import Sublayer
 
 if TYPE_CHECKING:
@@ -46,6 +57,7 @@ class AttentionInputs:
     is_causal: bool = False  # plain causal mask over Tq == Tk positions, left to the kernel
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) for q and k
     flex: FlexMods | None = None  # set instead of mask / is_causal for layers that read them (reads_flex_mods)
+    first_values: Tensor | None = None  # value_residual: the first layer's values (B, KV, T, hd), set by it
 
     def for_last_keys(self, n_keys: int) -> AttentionInputs:
         """These inputs over the last ``n_keys`` keys only: the mask's columns are the positions
@@ -53,6 +65,20 @@ class AttentionInputs:
         if self.mask is None or self.mask.shape[-1] <= n_keys:
             return self
         return dataclasses.replace(self, mask=self.mask[..., -n_keys:])  # (..., Tq, n_keys)
+
+
+class ValueResidual(nn.Module):
+    """v_n + lambda (v_1 - v_n) with one learnable lambda, starting at 0.5 (the paper's plain average)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((1,), 0.5))
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.weight, 0.5)
+
+    def forward(self, v: Tensor, first: Tensor) -> Tensor:
+        return torch.lerp(v, first.to(v.dtype), self.weight.to(v.dtype))
 
 
 class Attention(Sublayer):
@@ -74,14 +100,20 @@ class Attention(Sublayer):
         dropout: float = 0.0,
         scale: float | None = None,
         kernel: str = "sdpa",
+        qk_norm: nn.Module | None = None,
+        softcap: float | None = None,
     ) -> None:
+        """``qk_norm``: a norm over hd, copied for the keys (None: none); ``softcap``: attn_softcap."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
         self.dropout = dropout
+        self.softcap = softcap
         self.kv_dtype: str | None = None  # "int8": keys and values rounded as an int8 KV cache stores them
         self.kernel = kernel  # resolved to its function once, here and whenever it is reassigned
         self._input_projections(d_model, n_heads * head_dim, n_kv_heads * head_dim, bias=qkv_bias)
+        self.q_norm = qk_norm
+        self.k_norm = None if qk_norm is None else copy.deepcopy(qk_norm)
         self.out = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
         self.probe = nn.Identity()
 
@@ -116,6 +148,8 @@ class Attention(Sublayer):
             dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
             scale=cfg.attn_scale,
             kernel=cfg.attention,
+            qk_norm=None if cfg.qk_norm == "none" else NORM.get(cfg.qk_norm).from_config(cfg, cfg.resolved_head_dim),
+            softcap=cfg.attn_softcap,
         )
 
     def reads_flex_mods(self, device_type: str, *, cached: bool, dense: bool) -> bool:
@@ -123,23 +157,26 @@ class Attention(Sublayer):
         dropout_p = self.dropout if self.training else 0.0
         return self._kernel_cls.reads_flex_mods(device_type, cached=cached, dense=dense, dropout_p=dropout_p)
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
+    def _heads(self, x: Tensor, n: int, norm: nn.Module | None = None) -> Tensor:
+        """(B, T, n * hd) -> (B, n, T, hd), each head normalised by ``norm`` where there is one."""
         B, T, _ = x.shape
-        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hd)
+        x = x.view(B, T, n, self.head_dim)
+        return (x if norm is None else norm(x)).transpose(1, 2)  # (B, n, T, hd)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs) -> Tensor:
         """q: (B, H, Tq, hd); k, v: (B, KV, Tk, hd). Returns the projected output (B, Tq, D)."""
         B, _, T, _ = q.shape
         dropout_p = self.dropout if self.training else 0.0
         if inputs.flex is not None:  # the stack asked reads_flex_mods: only flex-capable kernels get here
-            y = run_flex(
-                q, k, v, inputs.flex.score_mod, inputs.flex.block_mask, scale=self.scale, dropout_p=dropout_p
-            )  # (B, H, Tq, hd)
+            score_mod = inputs.flex.score_mod
+            if self.softcap is not None:
+                score_mod = softcapped(score_mod, self.softcap)
+            y = run_flex(q, k, v, score_mod, inputs.flex.block_mask, scale=self.scale, dropout_p=dropout_p)
             return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         mask = inputs.mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
-        how = Scoring(mask, inputs.is_causal, self.scale, dropout_p, self.probe)
+        how = Scoring(mask, inputs.is_causal, self.scale, dropout_p, self.probe, self.softcap)
         y = self._kernel_cls.attend(q, k, v, how)  # (B, H, Tq, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -149,6 +186,8 @@ class SelfAttention(Attention):
 
     def _input_projections(self, d_model: int, q_dim: int, kv_dim: int, *, bias: bool) -> None:
         self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
+        self.value_residual: ValueResidual | None = None  # set by the stack on layers after the first
+        self.values_first = False  # value_residual: this is the first layer, whose values the others mix in
 
     def query_weight(self) -> Tensor:
         return self.qkv.weight[: self.n_heads * self.head_dim]
@@ -161,7 +200,12 @@ class SelfAttention(Attention):
         """x: (B, T, D); with a cache, its keys and values come first. Returns (B, T, D)."""
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-        q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        q, k = self._heads(q, self.n_heads, self.q_norm), self._heads(k, self.n_kv_heads, self.k_norm)
+        v = self._heads(v, self.n_kv_heads)
+        if self.values_first:
+            inputs.first_values = v
+        elif self.value_residual is not None:
+            v = self.value_residual(v, inputs.first_values)
         if inputs.rotary is not None:
             q, k = apply_rotary(q, *inputs.rotary), apply_rotary(k, *inputs.rotary)
         if cache is not None:
@@ -191,13 +235,14 @@ class CrossAttention(Attention):
     ) -> Tensor:
         """x: (B, Tq, D); memory: (B, Tk, D), needed unless the cache holds its keys and values.
         Returns (B, Tq, D)."""
-        q = self._heads(self.q(x), self.n_heads)
+        q = self._heads(self.q(x), self.n_heads, self.q_norm)
         if cache is not None and cache.length:  # encoder keys/values were computed at the first step
             k, v = cache.get()
         else:
             assert memory is not None, "cross-attention needs the encoder output (memory)"
             kv_dim = self.n_kv_heads * self.head_dim
-            k, v = (self._heads(t, self.n_kv_heads) for t in self.kv(memory).split(kv_dim, dim=-1))
+            k, v = self.kv(memory).split(kv_dim, dim=-1)
+            k, v = self._heads(k, self.n_kv_heads, self.k_norm), self._heads(v, self.n_kv_heads)
             if cache is not None:
                 cache.set(k, v)
                 k, v = cache.get()  # as every later step reads them (an int8 cache rounds them)

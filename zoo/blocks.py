@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttention
+from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttention, ValueResidual
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache, LayerCaches
 from zoo.mask import MaskMod, document_positions
@@ -77,10 +77,15 @@ def _unchanged(x: Tensor) -> Tensor:
     return x
 
 
-def build_block(cfg: ModelConfig, *, role: StackRole) -> Block:
+def build_block(cfg: ModelConfig, *, role: StackRole, index: int = 0) -> Block:
+    """The block at depth ``index`` of its stack (value_residual: the first gives its values to the others)."""
     placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
+    attn = SelfAttention.from_config(cfg)
+    if cfg.value_residual:
+        attn.values_first = index == 0
+        attn.value_residual = None if index == 0 else ValueResidual()
     return Block(
-        attn=SelfAttention.from_config(cfg),
+        attn=attn,
         attn_res=placement.from_config(cfg, role=role),
         cross_attn=CrossAttention.from_config(cfg) if role.cross else None,
         cross_res=placement.from_config(cfg, role=role) if role.cross else None,
@@ -118,7 +123,7 @@ class Stack(nn.Module):
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
         self.embed_norm = build_norm(cfg) if placement.embedding_norm else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(build_block(cfg, role=role) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(build_block(cfg, role=role, index=i) for i in range(n_layers))
         self.final_norm = build_norm(cfg) if placement.final_norm else None
         self.checkpoint_every = cfg.checkpoint_every
 

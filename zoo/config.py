@@ -59,6 +59,10 @@ class ModelConfig:
     dyt_alpha: float = 0.5  # norm=dyt: the starting value of its learnable tanh slope alpha
     gelu_approximate: str = "none"  # "none" (erf, BERT) or "tanh" (GPT-2, T5 v1.1)
     attn_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
+    qk_norm: str = "none"  # a norm (zoo.norm) on each head's queries and keys before RoPE (Qwen3, OLMo 2); none
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the mask (Gemma 2: 50); math/flex only
+    final_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2: 30)
+    value_residual: bool = False  # each later layer's values mixed with the first layer's (Zhou et al. 2024)
     logit_scale: float = 1.0  # multiplies the final hidden state before the LM head (T5 v1.0: d_model**-0.5)
     embed_scale: float = 1.0  # multiplies the token embeddings (Vaswani et al. 2017, Gemma: d_model**0.5)
     rope_base: float = 10000.0
@@ -71,6 +75,13 @@ class ModelConfig:
     pooler: bool = False  # encoder: dense+tanh over the first token
     mlm_head: bool = False  # encoder: BERT masked-LM head (transform + tied decoder)
     init_std: float = 0.02
+    # ffn=moe (zoo.moe): experts, routing and the router's losses (reported by the task, weighted here)
+    n_experts: int = 8
+    moe_top_k: int = 2  # experts per token
+    moe_renormalize: bool = True  # the top-k routing weights sum to 1 (Mixtral); False: softmax over all (Qwen2-MoE)
+    moe_shared_expert: bool = False  # one more expert every token passes through (Qwen2-MoE, DeepSeek)
+    moe_aux_loss_coef: float = 0.01  # load-balancing loss (Switch Transformer); 0: off
+    moe_z_loss_coef: float = 0.001  # router z-loss (ST-MoE); 0: off
     window: int | None = None  # sliding_window or document mask: a query sees itself and the window - 1 before it
     activation_checkpointing: str = "none"  # "none", "all" (every block) or "every_<k>": recompute in backward
     # special tokens used by generation
@@ -198,6 +209,10 @@ class ModelConfig:
             ATTENTION.get(self.attention, field="attention"),
             MASK.get(self.resolved_mask, field="mask"),
         )
+        if self.qk_norm != "none" and self.qk_norm not in NORM:
+            raise ConfigError(
+                f"qk_norm={self.qk_norm!r} is not a registered norm; valid: none, {', '.join(NORM.names())}"
+            )
         self._check_sizes()
         self._check_settings_read()
         for component in components:
@@ -228,6 +243,8 @@ class ModelConfig:
             "n_decoder_layers",
             "max_seq_len",
             "rope_original_max_len",
+            "n_experts",
+            "moe_top_k",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
@@ -271,7 +288,16 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}={value} must lie in [0, 1)")
-        for name in ("norm_eps", "logit_scale", "embed_scale", "rope_base", "init_std", "attn_scale"):
+        for name in (
+            "norm_eps",
+            "logit_scale",
+            "embed_scale",
+            "rope_base",
+            "init_std",
+            "attn_scale",
+            "attn_softcap",
+            "final_softcap",
+        ):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name}={value} must be > 0")

@@ -15,6 +15,11 @@ softmax(q k^T * scale + mask) v; zoo.attention's layers ask theirs.
   :class:`FlexMods`.
 - ``math``: the explicit reference. Its probabilities pass through ``Attention.probe`` (an
   identity module), where forward hooks can read them; see ``zoo.capture_attention``.
+
+Soft-capping (``attn_softcap`` = c, Gemma 2) bends each scaled score s to c * tanh(s / c) before the
+mask and position bias are added. SDPA has no hook for it and refuses such a model when it is
+composed; ``math`` caps its scores, ``flex`` caps them in its ``score_mod`` (:func:`softcapped`), and
+``auto`` runs the forwards it would give to sdpa on ``math`` instead.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class Scoring(NamedTuple):
     scale: float  # multiplies q k^T
     dropout_p: float  # on the probabilities
     probe: nn.Module  # where kernels that form the probabilities pass them (Attention.probe)
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before the mask (attn_softcap)
 
 
 class AttentionKernel:
@@ -73,9 +79,29 @@ class AttentionKernel:
         raise NotImplementedError
 
 
+def softcapped(score_mod: ScoreMod | None, cap: float) -> ScoreMod:
+    """A flex ``score_mod`` that caps the scaled score, cap * tanh(score / cap), then applies ``score_mod``
+    (a position bias) to it: the order in which ``math`` caps, then adds the bias and mask."""
+
+    def capped(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        score = cap * torch.tanh(score / cap)
+        return score if score_mod is None else score_mod(score, b, h, q, kv)
+
+    return capped
+
+
 @ATTENTION.register("sdpa")
 class SDPA(AttentionKernel):
     """``F.scaled_dot_product_attention``: flash / memory-efficient kernels on GPU, flash on the CPU."""
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """SDPA computes softmax(q k^T * scale + mask) and nothing between: no soft-capping."""
+        if cfg.attn_softcap is not None:
+            raise ConfigError(
+                f"attention={cfg.attention} cannot soft-cap attention scores (attn_softcap={cfg.attn_softcap}): "
+                "choose attention=math (any device), flex or auto"
+            )
 
     @staticmethod
     def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
@@ -190,12 +216,23 @@ class Flex(AttentionKernel):
     def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
         shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         score_mod, block_mask = _flex_mods(how.mask, how.is_causal, shape, q.device)
+        if how.softcap is not None:
+            score_mod = softcapped(score_mod, how.softcap)
         return run_flex(q, k, v, score_mod, block_mask, scale=how.scale, dropout_p=how.dropout_p)
 
 
 @ATTENTION.register("auto")
 class Auto(SDPA):
-    """``sdpa`` for the forwards that :func:`flex_applies` leaves to it; the others come as FlexMods."""
+    """``sdpa`` for the forwards that :func:`flex_applies` leaves to it; the others come as FlexMods.
+    With soft-capped scores (which sdpa cannot compute) the forwards left to sdpa run on ``math``."""
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Auto computes everything: a soft-capped model runs on math where it would have run on sdpa."""
+
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, how: Scoring) -> Tensor:
+        return (SDPA if how.softcap is None else Math).attend(q, k, v, how)
 
     @classmethod
     def reads_flex_mods(cls, device_type: str, *, cached: bool, dense: bool, dropout_p: float) -> bool:
@@ -212,6 +249,8 @@ class Math(AttentionKernel):
         k = k.repeat_interleave(groups, dim=1)  # (B, H, Tk, hd)
         v = v.repeat_interleave(groups, dim=1)
         scores = (q @ k.transpose(-2, -1)).float() * how.scale  # (B, H, Tq, Tk)
+        if how.softcap is not None:
+            scores = how.softcap * torch.tanh(scores / how.softcap)
         mask = how.mask
         if how.is_causal:
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()

@@ -150,6 +150,6 @@ class ZooModel(GenerationMixin, nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         """(B, T, D) final hidden states -> (B, T, V) next-token logits."""
         hidden = hidden * self.config.logit_scale if self.config.logit_scale != 1.0 else hidden
-        if self.lm_head is None:
-            return F.linear(hidden, self.embed.weight)
-        return self.lm_head(hidden)
+        logits = F.linear(hidden, self.embed.weight) if self.lm_head is None else self.lm_head(hidden)
+        cap = self.config.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)  # Gemma 2's final soft-cap

@@ -25,9 +25,12 @@ def differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[s
     ]
 
 
-def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = ()) -> list[str]:
+def plain(
+    cfg: ModelConfig, family: str, masks: tuple[str, ...] = (), *, qk_norms: tuple[str, ...] = ("none",)
+) -> list[str]:
     """What no family here computes: a mask other than the form's own (or one of ``masks``, those
-    the family's classes also apply), scaled embeddings. A mask counts as what it computes on one
+    the family's classes also apply), scaled embeddings, soft-capping, value residuals, and a
+    qk_norm other than ``qk_norms`` (those the family applies). A mask counts as what it computes on one
     document (``Mask.one_document``): transformers' classes have no document mask, but a prompt is
     one document, and there a document mask computes what causal or sliding_window attention does."""
     natural = cfg.form.natural_mask
@@ -37,7 +40,15 @@ def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = ()) -> list[st
         if computed in (natural, *masks)
         else [f"mask={cfg.mask} ({family} has {' or '.join((natural, *masks))} attention)"]
     )
-    return problems + differs(cfg, family, embed_scale=(1.0,))
+    return problems + differs(
+        cfg,
+        family,
+        embed_scale=(1.0,),
+        qk_norm=qk_norms,
+        attn_softcap=(None,),
+        final_softcap=(None,),
+        value_residual=(False,),
+    )
 
 
 def mha(cfg: ModelConfig, family: str) -> list[str]:
