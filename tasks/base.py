@@ -121,15 +121,17 @@ class ZooTask(L.LightningModule):
 
     def shared_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
         """``model_step``, then the log: ``<stage>/loss`` (on the progress bar except in testing, averaged
-        over processes except in training) and the stage's metrics (on the bar in validation)."""
+        over processes except in training) and the stage's metrics (on the bar in validation). The
+        model's auxiliary losses (an MoE router's, ``ZooModel.aux_losses``) are logged as
+        ``<stage>/<name>`` and added to the loss that training minimises; ``<stage>/loss`` stays the
+        task's own, comparable across models."""
         loss = self.model_step(batch, batch_idx, stage)
-        self.log(
-            f"{stage}/loss",
-            loss,
-            prog_bar=stage != "test",
-            sync_dist=stage != "train",
-            batch_size=len(batch["input_ids"]),
-        )
+        size = len(batch["input_ids"])
+        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train", batch_size=size)
+        for name, value in self.model.aux_losses().items():
+            self.log(f"{stage}/{name}", value, sync_dist=stage != "train", batch_size=size)
+            if stage == "train":
+                loss = loss + value
         self.log_dict(self.metrics_at(stage), prog_bar=stage == "val")
         return loss
 

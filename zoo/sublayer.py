@@ -21,6 +21,11 @@ class Sublayer(nn.Module):
         """The layers that write into the residual stream (init scales them down with depth)."""
         return []
 
+    def aux_losses(self) -> dict[str, Tensor]:
+        """Auxiliary training losses of this sublayer's last forward, already weighted, by name (an MoE
+        router's load-balancing and z-losses); ``ZooModel.aux_losses`` sums them over the layers."""
+        return {}
+
     def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
         """Linear layers (by attribute) that compute several projections in one matmul -> their named
         row blocks in order, e.g. ``{"qkv": [("q", 512), ("k", 128), ("v", 128)]}``. An adapter adapts

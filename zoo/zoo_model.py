@@ -147,6 +147,16 @@ class ZooModel(GenerationMixin, nn.Module):
     def _lm_head(self) -> nn.Module:
         return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
 
+    def aux_losses(self) -> dict[str, Tensor]:
+        """The auxiliary losses of the last forward (``Sublayer.aux_losses``), each summed over the
+        layers, by name; empty for a model without them. A task adds them to its training loss."""
+        found: dict[str, Tensor] = {}
+        for module in self.modules():
+            if isinstance(module, Sublayer):
+                for name, value in module.aux_losses().items():
+                    found[name] = found[name] + value if name in found else value
+        return found
+
     def logits(self, hidden: Tensor) -> Tensor:
         """(B, T, D) final hidden states -> (B, T, V) next-token logits."""
         hidden = hidden * self.config.logit_scale if self.config.logit_scale != 1.0 else hidden
