@@ -243,6 +243,7 @@ NATIVE = {  # zoo-native compositions that fit a family: name -> (config, Auto c
         "llama",
     ),
     "qwen2": (dict(_LLAMA, qkv_bias=True), "AutoModelForCausalLM", "causal", "qwen2"),
+    "qwen3_head_dim": (dict(_LLAMA, qk_norm="rmsnorm", head_dim=24), "AutoModelForCausalLM", "causal", "qwen3"),
     # post-LayerNorm, learned positions, no segments: HF gets a zero token-type table
     "bert_pooler": (dict(_BERT, type_vocab_size=0, pooler=True), "AutoModel", "base", "bert"),
     "bert_mlm": (

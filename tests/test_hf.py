@@ -184,9 +184,16 @@ def test_t5_generate_cached(version):
 
 
 # ---- Llama, Qwen2 ------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", ["gqa", "rope_linear", "qwen2", "qwen2_tied"])
+@pytest.mark.parametrize("variant", ["gqa", "rope_linear", "qwen2", "qwen2_tied", "qwen3", "qwen3_windowed"])
 def test_rope_decoder_logits(variant):
-    if variant == "gqa":
+    if variant.startswith("qwen3"):  # a head wider than d_model / n_heads, as Qwen3's 0.6B has
+        window = dict(use_sliding_window=True, sliding_window=5, max_window_layers=0) if "windowed" in variant else {}
+        hf = _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=24, **window))
+        with torch.no_grad():  # the RMSNorms start at one: move them, so that their weights are mapped
+            for name, p in hf.named_parameters():
+                if "norm" in name:
+                    p.uniform_(0.5, 1.5)
+    elif variant == "gqa":
         hf = _build(transformers.LlamaForCausalLM, _llama_config())
     elif variant == "rope_linear":
         hf = _build(
@@ -206,6 +213,9 @@ def test_rope_decoder_logits(variant):
     if variant.startswith("qwen2"):
         assert cfg.qkv_bias and not cfg.bias
         assert cfg.tie_embeddings is (variant == "qwen2_tied")
+    if variant.startswith("qwen3"):
+        assert (cfg.qk_norm, cfg.resolved_head_dim, cfg.bias, cfg.qkv_bias) == ("rmsnorm", 24, False, None)
+        assert cfg.window == (5 if variant == "qwen3_windowed" else None)
     ids = _tokens(2, 12)
     with torch.no_grad():
         _close(model(ids), hf(ids).logits)

@@ -35,6 +35,7 @@ _TINY = {  # one tiny model per registered family
     "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
     "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
     "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
+    "qwen3": lambda: _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=16)),
     "mistral": lambda: _build(
         transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=4)
     ),
@@ -90,7 +91,9 @@ def test_a_family_registered_from_outside_converts():
 
 
 def test_unsupported_model_type_raises():
-    with pytest.raises(ValueError, match="supported model types: bert, gpt2, llama, mistral, qwen2, t5"):
+    names = ", ".join(zoo.hf.FAMILIES.names())
+    assert names.startswith("bert, gpt2, llama, mistral, qwen2, qwen3")
+    with pytest.raises(ValueError, match=f"supported model types: {names}"):
         zoo.from_hf_config(transformers.BartConfig())
 
 
@@ -101,6 +104,8 @@ def test_unsupported_model_type_raises():
         lambda: _gpt2_config(scale_attn_by_inverse_layer_idx=True),
         lambda: _llama_config(hidden_act="relu"),  # a gated ReLU: zoo has no ReGLU
         lambda: _llama_config(transformers.Qwen2Config, use_sliding_window=True, max_window_layers=1),
+        lambda: _llama_config(transformers.Qwen3Config, attention_bias=True),
+        lambda: _llama_config(transformers.Qwen3Config, use_sliding_window=True, sliding_window=4, max_window_layers=1),
     ],
 )
 def test_unsupported_settings_raise(config):

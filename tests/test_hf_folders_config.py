@@ -24,6 +24,7 @@ CONFIG_CLASSES = {
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
     "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
     "t5": "T5Config",
 }
 

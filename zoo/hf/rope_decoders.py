@@ -1,5 +1,5 @@
-"""The RoPE decoders: Llama, Mistral (Llama's layout with a sliding window) and Qwen2 (q/k/v biases,
-optionally a sliding window). Their config readers, one weight map, config writers and export rules;
+"""The RoPE decoders: Llama, Mistral (Llama's layout with a sliding window), Qwen2 (q/k/v biases,
+optionally a sliding window) and Qwen3 (Qwen2 without biases, with an RMSNorm on each head's q and k). Their config readers, one weight map, config writers and export rules;
 the records at the end."""
 
 from __future__ import annotations
@@ -79,9 +79,24 @@ def _mistral_config(c: Any) -> ModelConfig:
 
 
 def _qwen2_config(c: Any) -> ModelConfig:
-    """Llama's layout with q/k/v biases. With ``use_sliding_window``, the layers ``layer_types`` names
-    (by default those from ``max_window_layers`` on) slide: zoo reads every layer or none."""
-    cfg = _rope_decoder_config(c, bias=False, qkv_bias=True)
+    """Llama's layout with q/k/v biases, and Qwen's sliding window (:func:`_qwen_window`)."""
+    return _qwen_window(c, _rope_decoder_config(c, bias=False, qkv_bias=True))
+
+
+def _qwen3_config(c: Any) -> ModelConfig:
+    """Qwen2's layout with an RMSNorm over each head's queries and keys before RoPE (``qk_norm``), and
+    ``attention_bias`` for q, k, v and o alike (none by default; the MLP never has biases)."""
+    if getattr(c, "attention_bias", False):
+        raise ValueError(
+            "qwen3: attention_bias=True (biases on q, k, v and o, none in the MLP) has no zoo equivalent; zoo's "
+            "bias covers the attention and FFN projections together, qkv_bias q, k and v alone"
+        )
+    return _qwen_window(c, _rope_decoder_config(c, bias=False, qkv_bias=None).replace(qk_norm="rmsnorm"))
+
+
+def _qwen_window(c: Any, cfg: ModelConfig) -> ModelConfig:
+    """With ``use_sliding_window``, the layers ``layer_types`` names (by default those from
+    ``max_window_layers`` on) slide: zoo reads every layer or none."""
     window = c.sliding_window if getattr(c, "use_sliding_window", False) else None
     first, n = getattr(c, "max_window_layers", 0), c.num_hidden_layers
     types = getattr(c, "layer_types", None) or [
@@ -92,7 +107,7 @@ def _qwen2_config(c: Any) -> ModelConfig:
         return cfg
     if sliding < n:
         raise ValueError(
-            f"qwen2: max_window_layers={first} (layer_types={list(types)}) mixes sliding-window and "
+            f"{c.model_type}: max_window_layers={first} (layer_types={list(types)}) mixes sliding-window and "
             f"full-attention layers, which is not supported: zoo has one mask for every layer. Use "
             f"max_window_layers=0 (all slide) or >= num_hidden_layers={n} (none)"
         )
@@ -150,6 +165,9 @@ def _llama_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
             bias=qkv_bias,
             sizes=[cfg.n_heads * hd, kv * hd, kv * hd],
         )
+        if cfg.qk_norm != "none":  # Qwen3
+            w.copy(f"{z}.attn.q_norm", f"{h}.self_attn.q_norm")
+            w.copy(f"{z}.attn.k_norm", f"{h}.self_attn.k_norm")
         w.copy(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=cfg.bias)
         w.copy(f"{z}.ffn_res.norm", f"{h}.post_attention_layernorm")
         w.fuse(f"{z}.ffn.fc", [f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"], bias=cfg.bias)
@@ -159,11 +177,15 @@ def _llama_weights(w: Mapper, cfg: ModelConfig) -> ModelConfig:
 
 
 def _rope_decoder_unfit(
-    cfg: ModelConfig, family: str, masks: tuple[str, ...] = (), **bias: tuple[Any, ...]
+    cfg: ModelConfig,
+    family: str,
+    masks: tuple[str, ...] = (),
+    qk_norms: tuple[str, ...] = ("none",),
+    **bias: tuple[Any, ...],
 ) -> list[str]:
     return (
         differs(cfg, family, arch=("decoder",))
-        + plain(cfg, family, masks)
+        + plain(cfg, family, masks, qk_norms=qk_norms)
         + differs(
             cfg,
             family,
@@ -193,6 +215,10 @@ def _qwen2_unfit(cfg: ModelConfig) -> list[str]:
     if cfg.resolved_head_dim * cfg.n_heads != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (Qwen2 has head_dim = d_model / n_heads)")
     return problems
+
+
+def _qwen3_unfit(cfg: ModelConfig) -> list[str]:
+    return _rope_decoder_unfit(cfg, "Qwen3", WINDOW, ("rmsnorm",), bias=(False,), qkv_bias=(None, False))
 
 
 def _rope_write(cfg: ModelConfig) -> dict[str, Any]:
@@ -246,6 +272,10 @@ def _qwen2_write(cfg: ModelConfig) -> dict[str, Any]:
     return {**_unbiased_write(cfg), **(window if cfg.window is not None else {"use_sliding_window": False})}
 
 
+def _qwen3_write(cfg: ModelConfig) -> dict[str, Any]:
+    return {**_qwen2_write(cfg), "attention_bias": False}
+
+
 # ---- the records -----------------------------------------------------------------------------------------
 _LLAMA_DEFAULTS = {
     "vocab_size": 32000,
@@ -286,6 +316,11 @@ _QWEN2_DEFAULTS = {
     "bos_token_id": None,
     "eos_token_id": None,
 }
+_QWEN3_DEFAULTS = {
+    **_QWEN2_DEFAULTS,
+    "head_dim": 128,
+    "attention_bias": False,
+}
 
 FAMILIES.register("llama")(
     Family(
@@ -324,5 +359,18 @@ FAMILIES.register("qwen2")(
         unfit=_qwen2_unfit,
         ignored=BUFFERS,
         architecture=lm_class("Qwen2ForCausalLM"),
+    )
+)
+FAMILIES.register("qwen3")(
+    Family(
+        _qwen3_config,
+        _llama_weights,
+        backbone=("embed_tokens", "layers", "norm"),
+        prefix="model",
+        defaults=_QWEN3_DEFAULTS,
+        write_config=_qwen3_write,
+        unfit=_qwen3_unfit,
+        ignored=BUFFERS,
+        architecture=lm_class("Qwen3ForCausalLM"),
     )
 )
