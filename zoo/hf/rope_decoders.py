@@ -1,6 +1,6 @@
 """The RoPE decoders: Llama, Mistral (Llama's layout with a sliding window), Qwen2 (q/k/v biases,
-optionally a sliding window) and Qwen3 (Qwen2 without biases, with an RMSNorm on each head's q and k). Their config readers, one weight map, config writers and export rules;
-the records at the end."""
+optionally a sliding window) and Qwen3 (Qwen2 without biases, with an RMSNorm on each head's q and
+k). Their config readers, one weight map, config writers and export rules; the records at the end."""
 
 from __future__ import annotations
 
