@@ -243,6 +243,28 @@ NATIVE = {  # zoo-native compositions that fit a family: name -> (config, Auto c
         "llama",
     ),
     "qwen2": (dict(_LLAMA, qkv_bias=True), "AutoModelForCausalLM", "causal", "qwen2"),
+    "gemma2_pattern": (
+        dict(
+            _LLAMA,
+            norm="rmsnorm_1p",
+            norm_placement="sandwich",
+            ffn="geglu",
+            gelu_approximate="tanh",
+            tie_embeddings=False,  # tied, the scaled embedding of the last token wins every greedy step
+            embed_scale=8.0,
+            attn_scale=0.2,  # query_pre_attn_scalar 25
+            attention="auto",
+            attn_softcap=5.0,
+            final_softcap=10.0,
+            mask="sliding_window",
+            window=3,
+            window_pattern="LLG",
+            n_layers=3,
+        ),
+        "AutoModelForCausalLM",
+        "causal",
+        "gemma2",
+    ),
     "qwen3_head_dim": (dict(_LLAMA, qk_norm="rmsnorm", head_dim=24), "AutoModelForCausalLM", "causal", "qwen3"),
     # post-LayerNorm, learned positions, no segments: HF gets a zero token-type table
     "bert_pooler": (dict(_BERT, type_vocab_size=0, pooler=True), "AutoModel", "base", "bert"),

@@ -86,6 +86,31 @@ def _llama_config(cls: type | None = None, **kw) -> transformers.PretrainedConfi
     )
 
 
+def _gemma2_config(**kw) -> transformers.PretrainedConfig:
+    """Gemma 2 at tiny size: heads wider than d_model / n_heads, its own score scale, both soft-caps
+    low enough to bite, a window of 4 on alternate layers (the default ``layer_types``)."""
+    values = dict(
+        num_hidden_layers=3,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        intermediate_size=96,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        sliding_window=4,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0,
+        attn_implementation="eager",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return transformers.Gemma2Config(**{**values, **kw})
+
+
 def _build(cls: type, config, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return cls(config).eval()

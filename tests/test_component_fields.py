@@ -29,6 +29,7 @@ VARIED = {
     "gelu_approximate": "tanh",
     "window": 4,
     "dyt_alpha": 0.8,
+    "window_pattern": "LG",
 }
 SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
 
@@ -136,9 +137,12 @@ def _readers() -> list[tuple[str, str, str]]:
     return [(field, family, name) for field, who in GOVERNED.items() for family, name in who]
 
 
+COMPANIONS = {"window_pattern": {"window": 4}}  # a setting that means something only beside another
+
+
 @pytest.mark.parametrize(("field", "family", "name"), _readers())
 def test_a_component_reads_the_settings_it_declares(field, family, name):
-    cfg = tiny_config(**_choices(field, family, name), **{field: VARIED[field]})
+    cfg = tiny_config(**_choices(field, family, name), **{field: VARIED[field]}, **COMPANIONS.get(field, {}))
     assert field in _settings_read(cfg)
 
 

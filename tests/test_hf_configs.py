@@ -17,6 +17,7 @@ from hf_tiny import (  # noqa: E402  (after the importorskip)
     _build,
     _close,
     _convert,
+    _gemma2_config,
     _gpt2_config,
     _llama_config,
     _t5_config,
@@ -35,6 +36,7 @@ _TINY = {  # one tiny model per registered family
     "t5": lambda: _build(transformers.T5ForConditionalGeneration, _t5_config()),
     "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
     "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
+    "gemma2": lambda: _build(transformers.Gemma2ForCausalLM, _gemma2_config()),
     "qwen3": lambda: _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=16)),
     "mistral": lambda: _build(
         transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=4)
@@ -92,7 +94,7 @@ def test_a_family_registered_from_outside_converts():
 
 def test_unsupported_model_type_raises():
     names = ", ".join(zoo.hf.FAMILIES.names())
-    assert names.startswith("bert, gpt2, llama, mistral, qwen2, qwen3")
+    assert names.startswith("bert, gemma2, gpt2, llama, mistral")
     with pytest.raises(ValueError, match=f"supported model types: {names}"):
         zoo.from_hf_config(transformers.BartConfig())
 

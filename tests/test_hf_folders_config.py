@@ -20,6 +20,7 @@ from hf_tiny import VOCAB  # noqa: E402  (after the importorskip)
 # ---- config defaults ----------------------------------------------------------------------------------
 CONFIG_CLASSES = {
     "bert": "BertConfig",
+    "gemma2": "Gemma2Config",
     "gpt2": "GPT2Config",
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",

@@ -57,7 +57,7 @@ class AttentionInputs:
     is_causal: bool = False  # plain causal mask over Tq == Tk positions, left to the kernel
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) for q and k
     flex: FlexMods | None = None  # set instead of mask / is_causal for layers that read them (reads_flex_mods)
-    first_values: Tensor | None = None  # value_residual: the first layer's values (B, KV, T, hd), set by it
+    carried: dict[str, Tensor] = dataclasses.field(default_factory=dict)  # what a layer leaves for later ones
 
     def for_last_keys(self, n_keys: int) -> AttentionInputs:
         """These inputs over the last ``n_keys`` keys only: the mask's columns are the positions
@@ -203,9 +203,9 @@ class SelfAttention(Attention):
         q, k = self._heads(q, self.n_heads, self.q_norm), self._heads(k, self.n_kv_heads, self.k_norm)
         v = self._heads(v, self.n_kv_heads)
         if self.values_first:
-            inputs.first_values = v
+            inputs.carried["first_values"] = v  # (B, KV, T, hd)
         elif self.value_residual is not None:
-            v = self.value_residual(v, inputs.first_values)
+            v = self.value_residual(v, inputs.carried["first_values"])
         if inputs.rotary is not None:
             q, k = apply_rotary(q, *inputs.rotary), apply_rotary(k, *inputs.rotary)
         if cache is not None:

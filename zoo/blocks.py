@@ -14,6 +14,8 @@ D model width, H heads.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -21,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttention, ValueResidual
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache, LayerCaches
-from zoo.mask import MaskMod, document_positions
+from zoo.mask import Mask, MaskMod, document_positions
 from zoo.norm import Placement, build_norm
 from zoo.position import Position
 from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
@@ -119,6 +121,12 @@ class Stack(nn.Module):
     def __init__(self, cfg: ModelConfig, *, n_layers: int, mask: str, role: StackRole) -> None:
         super().__init__()
         self.mask = MASK.get(mask, field="mask").from_config(cfg, role=role)
+        # a window_pattern's global layers (G) attend as the mask without its window
+        self.global_mask = self.mask.widened() if self.mask.window_pattern else None
+        pattern = self.mask.window_pattern or "L"
+        self.global_layers = [
+            self.global_mask is not None and pattern[i % len(pattern)] == "G" for i in range(n_layers)
+        ]
         self.position: Position = POSITION.get(cfg.position, field="position").from_config(cfg, causal=self.mask.causal)
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
         self.embed_norm = build_norm(cfg) if placement.embedding_norm else None
@@ -157,17 +165,23 @@ class Stack(nn.Module):
         if position_ids is None:
             position_ids = q_pos if document_ids is None else document_positions(document_ids)  # (T,) or (B, T)
         x = self._embedded(x, position_ids)
-        inputs = self._self_attention_inputs(
-            past,
-            q_pos,
-            padding_mask,
-            prefix_len,
-            document_ids,
-            keys=end if static else None,
-            cached=cache is not None,
-            batch=B,
+        local, wide = (
+            self._self_attention_inputs(
+                mask,
+                past,
+                q_pos,
+                padding_mask,
+                prefix_len,
+                document_ids,
+                keys=end if static else None,
+                cached=cache is not None,
+                batch=B,
+            )
+            for mask in (self.mask, self.global_mask if any(self.global_layers) else None)
         )
-        inputs.rotary = self.position.rotary(position_ids)
+        local.rotary = self.position.rotary(position_ids)
+        if wide is not None:  # the two share rotary and what layers carry (value_residual)
+            wide = dataclasses.replace(wide, rotary=local.rotary, carried=local.carried)
         memory_inputs = None
         if self.blocks and self.blocks[0].cross_attn is not None:
             keep = _padding(memory_mask)
@@ -175,6 +189,7 @@ class Stack(nn.Module):
         every = self.checkpoint_every if self.checkpointing(cache) else 0
         layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
         for i, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
+            inputs = wide if self.global_layers[i] else local
             if every and i % every == 0:  # keep the block's inputs only; recompute it in backward
                 x = checkpoint(
                     block, x, inputs, use_reentrant=False, cache=None, memory=memory, memory_inputs=memory_inputs
@@ -198,8 +213,13 @@ class Stack(nn.Module):
         records, and no KV cache is in use (decoding never recomputes)."""
         return bool(self.checkpoint_every) and self.training and torch.is_grad_enabled() and cache is None
 
+    def lookbacks(self) -> list[int | None]:
+        """Each layer's ``Mask.lookback``: the past positions its KV cache keeps (None: all)."""
+        return [None if wide else self.mask.lookback for wide in self.global_layers]
+
     def _self_attention_inputs(
         self,
+        mask: Mask | None,
         past: int | Tensor,
         q_pos: Tensor,
         padding_mask: Tensor | None,
@@ -209,31 +229,34 @@ class Stack(nn.Module):
         keys: int | None = None,
         cached: bool = False,
         batch: int = 1,
-    ) -> AttentionInputs:
+    ) -> AttentionInputs | None:
         """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
         form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf;
         or, where every layer's kernel reads them (``Attention.reads_flex_mods``), FlexMods.
         ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``).
         ``keys``: a static cache's capacity; its slots after a query are masked by the decoder mask's
-        causal part, so the mask is always built (and ``past`` may be a 0-d tensor)."""
+        causal part, so the mask is always built (and ``past`` may be a 0-d tensor). ``mask``: the
+        stack's or its global layers' (None: no such layers, no inputs)."""
+        if mask is None:
+            return None
         T = q_pos.shape[0]
         keep = _padding(padding_mask)  # (B, P+T) or (B, keys), or None
         plain = keep is None and document_ids is None and keys is None
-        dense = not (plain and not self.position.has_bias and (self.mask.kernel_causal or self.mask.bidirectional))
+        dense = not (plain and not self.position.has_bias and (mask.kernel_causal or mask.bidirectional))
         if self.blocks and all(
             block.attn.reads_flex_mods(q_pos.device.type, cached=cached, dense=dense) for block in self.blocks
         ):
-            return self._flex_inputs(q_pos, keep, prefix_len, document_ids, batch=batch)
-        if plain and self.mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
+            return self._flex_inputs(mask, q_pos, keep, prefix_len, document_ids, batch=batch)
+        if plain and mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:
                 return AttentionInputs()  # one new query may see every key so far
             if past == 0:
                 return AttentionInputs(is_causal=True)
         k_pos = torch.arange(past + T if keys is None else keys, device=q_pos.device)  # (P+T,) or (keys,)
         bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
-        allowed = self.mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
+        allowed = mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
         if document_ids is not None:
-            allowed = self.mask.within_documents(allowed, document_ids)  # (B, 1, T, T)
+            allowed = mask.within_documents(allowed, document_ids)  # (B, 1, T, T)
         if allowed is None:
             if bias is None and keep is None:
                 return AttentionInputs()
@@ -247,6 +270,7 @@ class Stack(nn.Module):
 
     def _flex_inputs(
         self,
+        mask: Mask,
         q_pos: Tensor,
         keep: Tensor | None,
         prefix_len: int | Tensor | None,
@@ -261,9 +285,9 @@ class Stack(nn.Module):
         from torch.nn.attention.flex_attention import create_block_mask
 
         T, device = q_pos.shape[0], q_pos.device
-        mask_mod = self.mask.mask_mod(prefix_len)
+        mask_mod = mask.mask_mod(prefix_len)
         if document_ids is not None:
-            mask_mod = self.mask.documents_mod(mask_mod, document_ids)
+            mask_mod = mask.documents_mod(mask_mod, document_ids)
         if keep is not None:
             mask_mod = _with_padding(mask_mod, keep)
         block_mask = None

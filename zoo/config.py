@@ -83,6 +83,7 @@ class ModelConfig:
     moe_aux_loss_coef: float = 0.01  # load-balancing loss (Switch Transformer); 0: off
     moe_z_loss_coef: float = 0.001  # router z-loss (ST-MoE); 0: off
     window: int | None = None  # sliding_window or document mask: a query sees itself and the window - 1 before it
+    window_pattern: str | None = None  # per layer, repeated: L = the window, G = global (Gemma 2: LG); None: all L
     activation_checkpointing: str = "none"  # "none", "all" (every block) or "every_<k>": recompute in backward
     # special tokens used by generation
     pad_token_id: int = 0

@@ -278,7 +278,8 @@ LayerCaches = tuple["KVCache | StaticKVCache", "KVCache | None"]  # one block's 
 class Cache(nn.Module):
     """The caches of a whole model: one per self-attention layer, one per cross-attention layer.
     ``keep`` bounds the self-attention caches to the last ``keep`` positions (the decoder mask's
-    ``lookback``); cross-attention always holds the whole encoder output. ``static`` makes the
+    ``lookback``), or each layer's by a list (``Stack.lookbacks``: a window_pattern's global layers
+    keep every position); cross-attention always holds the whole encoder output. ``static`` makes the
     self-attention caches :class:`StaticKVCache` of ``capacity`` positions (``keep`` is then unused:
     the mask, not the cache, drops what a window no longer sees). ``kv_dtype`` ("int8" or None) is
     how every layer stores its keys and values."""
@@ -289,16 +290,17 @@ class Cache(nn.Module):
         *,
         cross: bool = False,
         capacity: int = 256,
-        keep: int | None = None,
+        keep: int | None | list[int | None] = None,
         static: bool = False,
         kv_dtype: str | None = None,
     ) -> None:
         super().__init__()
         self.static, self.capacity = static, capacity
+        keeps = keep if isinstance(keep, list) else [keep] * n_layers
         if static:
             self.self_attn = nn.ModuleList(StaticKVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers))
         else:
-            self.self_attn = nn.ModuleList(KVCache(capacity, keep=keep, kv_dtype=kv_dtype) for _ in range(n_layers))
+            self.self_attn = nn.ModuleList(KVCache(capacity, keep=k, kv_dtype=kv_dtype) for k in keeps)
         self.cross_attn = (
             nn.ModuleList(KVCache(capacity, kv_dtype=kv_dtype) for _ in range(n_layers)) if cross else None
         )

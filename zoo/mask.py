@@ -8,7 +8,10 @@
 - ``sliding_window``: only keys within ``window`` positions (local attention: Beltagy et al. 2020,
   Longformer; Jiang et al. 2023, Mistral 7B). A decoder's query i sees i - window < j <= i, an
   encoder's |i - j| < window. A KV cache then needs only the last ``window - 1`` positions
-  (``Mask.lookback``), so memory stays bounded however long generation runs.
+  (``Mask.lookback``), so memory stays bounded however long generation runs. ``window_pattern``
+  interleaves windowed (L) and global (G) layers, repeated over the stack (Gemma 2: LG; Gemma 3:
+  LLLLLG; Beltagy et al. 2020): a global layer attends as the mask without its window
+  (``Mask.widened``) and its cache keeps every position.
 - ``document``: causal within each document of a packed row, nothing across documents (block-diagonal
   causal), driven by ``document_ids`` (B, T) passed to the decoder's forward; positions restart at
   each document (``document_positions``), so a packed row's logits equal each document's run alone.
@@ -91,6 +94,7 @@ class Mask:
     bidirectional: ClassVar[bool] = False  # every query sees every key: nothing is left to predict
     needs_prefix_len: ClassVar[bool] = False  # forward (and generation) must pass prefix_len
     lookback: int | None = None  # keys before its own position a query may still see (None: all); caches keep that many
+    window_pattern: str | None = None  # windowed (L) and global (G) layers, repeated; see ``widened``
     documents: ClassVar[bool] = False  # reads document_ids: a query sees keys of its own document only
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
@@ -114,6 +118,11 @@ class Mask:
         each, i.e. without ``document_ids``: itself, but for the document masks. An exporter to a
         library without document masks (transformers) matches this one."""
         return cfg.resolved_mask
+
+    def widened(self) -> Mask | None:
+        """This mask without its window, for the global layers of a ``window_pattern`` (None: it has no
+        window to drop)."""
+        return None
 
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod | None:
         """The rule, as flex_attention's mask_mod: True where query q_idx may attend to key kv_idx, both
@@ -199,7 +208,7 @@ class SlidingWindow(Mask):
     :class:`CausalSlidingWindow`.
     Positions are indices in the (left-padded) sequence, so padding never shifts a real token's window."""
 
-    reads = frozenset({"window"})
+    reads = frozenset({"window", "window_pattern"})
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -211,11 +220,17 @@ class SlidingWindow(Mask):
             raise ConfigError(
                 "mask='sliding_window' needs window, the positions a query sees (itself included), e.g. window=4096"
             )
+        check_pattern(cfg)
+
+    def widened(self) -> Mask:
+        return Bidirectional()
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> SlidingWindow:
         assert cfg.window is not None  # check (called by ModelConfig.validate) guarantees it
-        return (CausalSlidingWindow if role.causal else SlidingWindow)(cfg.window)
+        mask = (CausalSlidingWindow if role.causal else SlidingWindow)(cfg.window)
+        mask.window_pattern = cfg.window_pattern
+        return mask
 
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         window = self.window
@@ -230,6 +245,9 @@ class CausalSlidingWindow(SlidingWindow):
     """A decoder's window: the query itself and the ``window - 1`` keys before it, i - window < j <= i."""
 
     causal = True
+
+    def widened(self) -> Mask:
+        return Causal()
 
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod:
         window = self.window
@@ -249,11 +267,24 @@ class Document(Causal):
     ``from_config`` makes a :class:`DocumentWindow`."""
 
     documents = True
-    reads = frozenset({"window"})  # any window or none (see :class:`DocumentWindow`)
+    reads = frozenset({"window", "window_pattern"})  # any window or none (see :class:`DocumentWindow`)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.window_pattern is not None and cfg.window is None:
+            raise ConfigError(
+                f"window_pattern={cfg.window_pattern!r} interleaves windowed and global layers, but mask='document' "
+                "has no window: set window=<positions> or drop window_pattern"
+            )
+        check_pattern(cfg)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> Document | DocumentWindow:
-        return cls() if cfg.window is None else DocumentWindow(cfg.window)
+        if cfg.window is None:
+            return cls()
+        mask = DocumentWindow(cfg.window)
+        mask.window_pattern = cfg.window_pattern
+        return mask
 
     @classmethod
     def one_document(cls, cfg: ModelConfig) -> str:
@@ -272,8 +303,21 @@ class DocumentWindow(CausalSlidingWindow):
 
     documents = True
 
+    def widened(self) -> Mask:
+        return Document()
+
     def documents_mod(self, mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:
         return _same_document_mod(mask_mod, document_ids)
+
+
+def check_pattern(cfg: ModelConfig) -> None:
+    """``window_pattern``: letters L (windowed) and G (global), at least one L."""
+    pattern = cfg.window_pattern
+    if pattern is not None and (not pattern or set(pattern) - {"L", "G"} or "L" not in pattern):
+        raise ConfigError(
+            f"window_pattern={pattern!r} must be letters L (a windowed layer) and G (a global one), repeated over "
+            "the layers, with at least one L, e.g. LG (Gemma 2) or LLLLLG; for no window use mask=causal"
+        )
 
 
 def _same_document_mod(mask_mod: MaskMod | None, document_ids: Tensor) -> MaskMod:

@@ -51,6 +51,23 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), self.weight.shape, eps=self.eps).type_as(x) * self.weight
 
 
+@NORM.register("rmsnorm_1p")
+class RMSNorm1P(RMSNorm):
+    """RMSNorm whose gain is stored as an offset from one: x / rms(x) * (1 + weight), weight starting
+    at zero, all in float32 (Gemma; Megatron's "1p" norms), so weight decay pulls the gain toward one,
+    not zero. It computes what ``rmsnorm`` does with weight + 1."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__(dim, eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (F.rms_norm(x.float(), self.weight.shape, eps=self.eps) * (1.0 + self.weight.float())).type_as(x)
+
+
 @NORM.register("dyt")
 class DyT(nn.Module):
     """Dynamic Tanh, weight * tanh(alpha * x) + bias, in place of a norm: element-wise, no statistics

@@ -132,7 +132,7 @@ class ZooModel(GenerationMixin, nn.Module):
             len(decoder.blocks),
             cross=self.cross_attention,
             capacity=capacity,
-            keep=decoder.mask.lookback,
+            keep=decoder.lookbacks(),
             static=static,
             kv_dtype=self.kv_dtype if kv_dtype == "model" else kv_dtype,
         )

@@ -25,6 +25,7 @@ from torch import nn
 
 from zoo.config import ModelConfig
 from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
+from zoo.hf import gemma2 as _gemma2  # noqa: F401  (registers gemma2 after rope_decoders' families)
 from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
 from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, tensor_headers, weight_files, write_json
 from zoo.hf.mapping import FAMILIES, Exporter, Family, HFClass, Importer

@@ -25,30 +25,31 @@ def differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[s
     ]
 
 
-def plain(
-    cfg: ModelConfig, family: str, masks: tuple[str, ...] = (), *, qk_norms: tuple[str, ...] = ("none",)
-) -> list[str]:
+UNCOMPUTED: dict[str, tuple[Any, ...]] = {  # what no family computes but where it says otherwise
+    "embed_scale": (1.0,),
+    "qk_norm": ("none",),
+    "attn_softcap": (None,),
+    "final_softcap": (None,),
+    "value_residual": (False,),
+    "window_pattern": (None,),
+}
+
+
+def plain(cfg: ModelConfig, family: str, masks: tuple[str, ...] = (), **computed: tuple[Any, ...]) -> list[str]:
     """What no family here computes: a mask other than the form's own (or one of ``masks``, those
-    the family's classes also apply), scaled embeddings, soft-capping, value residuals, and a
-    qk_norm other than ``qk_norms`` (those the family applies). A mask counts as what it computes on one
-    document (``Mask.one_document``): transformers' classes have no document mask, but a prompt is
-    one document, and there a document mask computes what causal or sliding_window attention does."""
+    the family's classes also apply), and each setting of :data:`UNCOMPUTED` away from its default
+    but where ``computed`` gives the values the family computes (Qwen3: ``qk_norm=("rmsnorm",)``). A
+    mask counts as what it computes on one document (``Mask.one_document``): transformers' classes
+    have no document mask, but a prompt is one document, and there a document mask computes what
+    causal or sliding_window attention does."""
     natural = cfg.form.natural_mask
-    computed = MASK.get(cfg.resolved_mask, field="mask").one_document(cfg)
+    computed_mask = MASK.get(cfg.resolved_mask, field="mask").one_document(cfg)
     problems = (
         []
-        if computed in (natural, *masks)
+        if computed_mask in (natural, *masks)
         else [f"mask={cfg.mask} ({family} has {' or '.join((natural, *masks))} attention)"]
     )
-    return problems + differs(
-        cfg,
-        family,
-        embed_scale=(1.0,),
-        qk_norm=qk_norms,
-        attn_softcap=(None,),
-        final_softcap=(None,),
-        value_residual=(False,),
-    )
+    return problems + differs(cfg, family, **{**UNCOMPUTED, **computed})
 
 
 def mha(cfg: ModelConfig, family: str) -> list[str]:

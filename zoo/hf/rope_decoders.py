@@ -14,7 +14,7 @@ from zoo.position import YaRN
 
 
 # ---- Llama, Mistral and Qwen2 --------------------------------------------------------------------------
-def _rope(c: Any) -> dict[str, Any]:
+def rope_settings(c: Any) -> dict[str, Any]:
     """RoPE settings from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling`` (4.x)."""
     params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
     base = float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
@@ -135,7 +135,7 @@ def _rope_decoder_config(c: Any, *, bias: bool, qkv_bias: bool | None) -> ModelC
         d_ff=c.intermediate_size,
         max_seq_len=c.max_position_embeddings,
         position="rope",
-        **_rope(c),
+        **rope_settings(c),
         norm="rmsnorm",
         norm_placement="pre",
         **activation(c.hidden_act, gated=True, field="hidden_act"),
@@ -185,7 +185,7 @@ def _rope_decoder_unfit(
 ) -> list[str]:
     return (
         differs(cfg, family, arch=("decoder",))
-        + plain(cfg, family, masks, qk_norms=qk_norms)
+        + plain(cfg, family, masks, qk_norm=qk_norms)
         + differs(
             cfg,
             family,
@@ -221,8 +221,8 @@ def _qwen3_unfit(cfg: ModelConfig) -> list[str]:
     return _rope_decoder_unfit(cfg, "Qwen3", WINDOW, ("rmsnorm",), bias=(False,), qkv_bias=(None, False))
 
 
-def _rope_write(cfg: ModelConfig) -> dict[str, Any]:
-    """``rope_parameters`` for ``rope_scaling`` none, linear or yarn (what ``_rope`` reads back)."""
+def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """``rope_parameters`` for ``rope_scaling`` none, linear or yarn (what ``rope_settings`` reads back)."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_base}
     if cfg.rope_scaling in ("linear", "yarn"):
         rope |= {"rope_type": cfg.rope_scaling, "factor": cfg.rope_scaling_factor}
@@ -244,7 +244,7 @@ def _llama_write(cfg: ModelConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_seq_len or 2048,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_base,
-        "rope_parameters": _rope_write(cfg),
+        "rope_parameters": rope_parameters(cfg),
         "attention_bias": cfg.bias,
         "mlp_bias": cfg.bias,
         "attention_dropout": attn_dropout(cfg),
