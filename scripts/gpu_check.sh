@@ -5,7 +5,9 @@
 #      torch.compile off and on,
 #   3. scripts/bench/flex.py: ALiBi and T5-bias training tokens/s and peak memory at T = 1024, 2048, 4096 with
 #      attention=flex and attention=auto (FlexMods: bias and mask computed in the kernel) against sdpa with a
-#      bias tensor, and RoPE on sdpa; each row says whether the layers got FlexMods and its ratio to RoPE.
+#      bias tensor, and RoPE on sdpa; each row says whether the layers got FlexMods and its ratio to RoPE,
+#   4. with two GPUs or more: short GPT runs under trainer=ddp, fsdp and tp (tensor parallel), and the tp
+#      run's checkpoint resumed on one GPU.
 # A GPU is lent for minutes, so no step stops the others: each runs (with a time limit of its own), its output
 # goes to the terminal and to $OUT/<step>.log, and the script ends with every step's status and seconds (also
 # in $OUT/gpu_check.tsv), exiting 1 if any step failed.
@@ -65,6 +67,12 @@ if [ $dry -eq 0 ]; then
     --json "$out/gpu_bench.json"
   step flex_bench "" "$py" scripts/bench/flex.py --tokens 8192 --lengths 1024 2048 4096 --steps 5 \
     --json "$out/flex_bench.json"
+  # the README's optimizer sweep: the default experiment with AdamW, then Muon at three learning rates
+  step adamw_train "" "$py" -m tasks.cli.train trainer=gpu "hydra.run.dir=$out/adamw_run"
+  for lr in 1e-3 3e-3 1e-2; do
+    step "muon_train_$lr" "" "$py" -m tasks.cli.train trainer=gpu optimizer=muon "optimizer.lr=$lr" \
+      "hydra.run.dir=$out/muon_run_$lr"
+  done
 else
   echo "dry run on the CPU (tiny model, torch.compile off; the figures mean nothing)"
   step gpu_tests 5 "$py" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py   # 5: every gpu test skipped
@@ -72,6 +80,24 @@ else
     --device cpu --compile off --json "$out/gpu_bench.json"
   step flex_bench "" "$py" scripts/bench/flex.py --device cpu --tokens 64 --lengths 16 32 --steps 1 --d-model 64 \
     --n-layers 2 --json "$out/flex_bench.json"   # flex_attention has no CPU backward: forward only
+fi
+
+# Multi-GPU (2 devices or more; not in the dry run): a short GPT run under each distributed trainer, then the
+# tensor-parallel run's checkpoint (zoo's whole tensors) resumed on one GPU for 10 more steps.
+gpus=0
+[ $dry -eq 0 ] && gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "${gpus:-0}" -ge 2 ]; then
+  tiny=(experiment=gpt_generator data.source_args.max_files=200 data.seq_len=256 trainer.max_steps=40
+    trainer.val_check_interval=20 trainer.limit_val_batches=4 test=false callbacks.rich_progress_bar=null)
+  step ddp_train "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=ddp trainer.devices=2 trainer.accelerator=gpu \
+    trainer.precision=bf16-mixed "hydra.run.dir=$out/ddp_run"
+  step fsdp_train "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=fsdp trainer.devices=2 "hydra.run.dir=$out/fsdp_run"
+  step tp_train "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=tp trainer.devices=2 trainer.accelerator=gpu \
+    trainer.precision=bf16-mixed "hydra.run.dir=$out/tp_run"
+  step tp_to_one_gpu "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=gpu trainer.max_steps=50 \
+    "ckpt_path=$out/tp_run/checkpoints/last.ckpt" "hydra.run.dir=$out/tp_to_one_gpu"
+elif [ $dry -eq 0 ]; then
+  echo "one GPU: the multi-GPU steps (ddp_train, fsdp_train, tp_train, tp_to_one_gpu) need two or more"
 fi
 
 echo

@@ -20,6 +20,7 @@ import zoo
 from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
+from tasks.optim import build_optimizer
 
 STAGES = ("train", "val", "test")
 
@@ -79,6 +80,14 @@ class ZooTask(L.LightningModule):
     @classmethod
     def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
         """Raise ConfigError for task settings (``task.*``) that cannot work with ``model``."""
+
+    def configure_model(self) -> None:
+        """Lightning's hook for a strategy that splits the model once its processes are up: a strategy
+        with a ``parallelize`` (trainer=tp: tasks.parallel) splits each block over the ranks; the
+        others keep it whole."""
+        parallelize = getattr(self.trainer.strategy, "parallelize", None)
+        if parallelize is not None:
+            parallelize(self)
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -304,7 +313,7 @@ class ZooTask(L.LightningModule):
 
     # ---- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = adamw(self, **self.optimizer_settings)
+        optimizer = build_optimizer(self, self.optimizer_settings)  # optimizer.name: adamw, muon (tasks.optim)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
@@ -346,28 +355,6 @@ def _size_diff(theirs: zoo.ModelConfig, mine: zoo.ModelConfig) -> str:
         if getattr(theirs, f) != getattr(mine, f)
     ]
     return "; ".join(diffs) or "same sizes"
-
-
-def adamw(
-    module: nn.Module,
-    *,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float] | list[float],
-    eps: float = 1e-8,
-    fused: bool | None = None,
-) -> torch.optim.AdamW:
-    """AdamW whose weight decay skips biases, norms and embeddings (Loshchilov & Hutter 2019; the
-    GPT-2/BERT practice): only matrices of linear layers decay."""
-    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for p in module.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if fused is None:
-        fused = all(p.is_cuda for p in decay + no_decay) and bool(decay + no_decay)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):

@@ -15,6 +15,7 @@ import zoo
 from tasks import TASKS, ZooTask
 from tasks.cli.export_hf import AUTO_CLASSES
 from tasks.cli.formats import EXPORT_FORMATS, ExportFormat
+from tasks.optim import OPTIMIZERS, optimizer_name
 
 
 def model_card(
@@ -152,7 +153,7 @@ def training_lines(task: ZooTask, checkpoint: dict[str, Any], config: dict[str, 
         lines.append(f"best `{monitor}`: {best:.4f}{better}{last}")
     opt, sched = task.optimizer_settings, task.scheduler_settings
     if "lr" in opt:
-        line = f"optimizer: AdamW, lr {opt['lr']:g}" + (
+        line = f"optimizer: {OPTIMIZERS.get(optimizer_name(opt)).title}, lr {opt['lr']:g}" + (
             f", weight decay {opt['weight_decay']:g}" if "weight_decay" in opt else ""
         )
         if {"warmup_steps", "min_lr_ratio"} <= set(sched):

@@ -14,8 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.base import no_base_error
+from tasks.base import SCHEDULE_KEYS, no_base_error
 from tasks.cli.schemas import model_config
+from tasks.optim import optimizer_settings
 
 
 def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
@@ -104,6 +105,10 @@ def check_values(cfg: DictConfig) -> None:
     betas = OmegaConf.select(cfg, "optimizer.betas", default=None)
     if betas is not None and (len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)):
         raise zoo.ConfigError(f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
+    optimizer = OmegaConf.select(cfg, "optimizer", default=None)
+    if optimizer is not None:  # each optimizer's own settings (tasks.optim), the scheduler's set apart
+        settings = OmegaConf.to_container(optimizer, resolve=True)
+        optimizer_settings({k: v for k, v in settings.items() if k not in SCHEDULE_KEYS})
     interval = OmegaConf.select(cfg, "trainer.val_check_interval", default=None)
     if isinstance(interval, float) and interval > 1:
         raise zoo.ConfigError(

@@ -37,6 +37,7 @@ from tasks.cli.plan import RunPlan, plan_run
 from tasks.cli.resuming import resumed_config
 from tasks.cli.schemas import conf_dir, register_configs
 from tasks.loggers import CSVLogger
+from tasks.optim import check_same_optimizer
 
 
 def train(cfg: DictConfig) -> float | None:
@@ -89,6 +90,7 @@ def build(cfg: DictConfig, plan: RunPlan) -> tuple[Any, Any]:
     model_cfg = plan.model.replace(**data_sizes(cfg, plan.model, datamodule.model_sizes(), pretrained=plan.pretrained))
     if plan.resume:
         check_same_model(model_cfg, plan.resume, plan.ckpt_path)
+        check_same_optimizer(plan.resume["hyper_parameters"].get("optimizer", {}), dict(cfg.optimizer))
     task = build_task(cfg, model_cfg, datamodule, plan.start)
     task.reference_base(plan.resume)  # adapter.save=only: checkpoints name the base instead of holding it
     check_export(cfg, model_cfg, task)

@@ -1,0 +1,291 @@
+"""The optimizers a run can choose: ``optimizer.name`` in conf/optimizer/ names one of
+:data:`OPTIMIZERS`, a registry of settings dataclasses, each checked when it is made and able to
+build its optimizer over a task's trainable parameters (:func:`build_optimizer`).
+
+- ``adamw``: AdamW (Loshchilov & Hutter 2019, https://arxiv.org/abs/1711.05101) whose weight decay
+  skips biases, norms and embeddings (the GPT-2/BERT practice): only matrices decay.
+- ``muon``: Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/), torch's
+  ``torch.optim.Muon``, for the hidden matrices (the attention and FFN projections inside the
+  blocks), and AdamW with the same decay rule for everything else, as one optimizer
+  (:class:`MuonWithAdamW`).
+
+Settings without a ``name`` (the configs and checkpoints of runs from before Muon) are AdamW's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch import nn
+
+import zoo
+from zoo.blocks import Block
+
+DEFAULT = "adamw"  # what settings without a name mean
+ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
+
+OPTIMIZERS: zoo.Registry[type[OptimizerSettings]] = zoo.Registry("optimizer")
+S = TypeVar("S", bound="type[OptimizerSettings]")
+
+
+def register(name: str) -> Callable[[S], S]:
+    """Class decorator: register an OptimizerSettings dataclass as ``optimizer.name=<name>``."""
+
+    def decorator(cls: S) -> S:
+        cls.name = name
+        return OPTIMIZERS.register(name)(cls)
+
+    return decorator
+
+
+def build_optimizer(module: nn.Module, settings: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """The optimizer ``settings`` (conf/optimizer, as plain data) describe, over the trainable
+    parameters of ``module`` (a task: its model and its heads)."""
+    return optimizer_settings(settings).build(module)
+
+
+def optimizer_settings(settings: Mapping[str, Any]) -> OptimizerSettings:
+    """``settings`` checked: a ConfigError naming the field for an unknown optimizer name (with the
+    valid ones), an unknown or missing setting, or a bad value. Needs no model, so a run can check
+    its config before anything is built."""
+    settings = dict(settings)
+    name = settings.pop("name", None) or DEFAULT
+    return OPTIMIZERS.get(name, field="optimizer.name").from_settings(settings)
+
+
+def optimizer_name(settings: Mapping[str, Any]) -> str:
+    """The registered name ``settings`` choose (``adamw`` for settings from before names)."""
+    return settings.get("name") or DEFAULT
+
+
+def check_same_optimizer(saved: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
+    """A ConfigError when a run resumes a checkpoint (its hyper-parameters' optimizer settings:
+    ``saved``) with another optimizer: the saved optimizer state cannot be loaded into it."""
+    before, now = optimizer_name(saved), optimizer_name(settings)
+    if before != now:
+        raise zoo.ConfigError(
+            f"optimizer.name={now} cannot resume a checkpoint trained with optimizer.name={before} (its optimizer "
+            f"state is {before}'s); resume with optimizer={before}, or start a new run with init_from=<checkpoint>"
+        )
+
+
+# ---- the settings --------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class OptimizerSettings:
+    """One optimizer's settings (conf/optimizer/<name>.yaml less ``name``), checked in
+    ``__post_init__``; ``build`` makes the optimizer."""
+
+    name: ClassVar[str]  # set by @register
+    title: ClassVar[str]  # how a model card or a log names it
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> OptimizerSettings:
+        """``cls(**settings)``, with a ConfigError instead of a TypeError for a setting it does not
+        have (e.g. Muon's ``momentum`` given to AdamW) or one it needs."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = [k for k in settings if k not in fields]
+        if unknown:
+            raise zoo.ConfigError(
+                f"optimizer.{unknown[0]} is not a setting of optimizer={cls.name} (its settings: "
+                f"{', '.join(fields)}); drop it or choose another optimizer ({', '.join(OPTIMIZERS.names())})"
+            )
+        needed = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+        missing = [n for n in needed if n not in settings]
+        if missing:
+            raise zoo.ConfigError(f"optimizer.{missing[0]} is missing: optimizer={cls.name} needs {', '.join(needed)}")
+        return cls(**settings)
+
+    def build(self, module: nn.Module) -> torch.optim.Optimizer:
+        raise NotImplementedError(f"{type(self).__name__} does not build an optimizer")
+
+
+@register("adamw")
+@dataclass(kw_only=True)
+class AdamWSettings(OptimizerSettings):
+    """conf/optimizer/adamw.yaml: AdamW over every trainable parameter, decaying matrices only."""
+
+    title = "AdamW"
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float = 1e-8
+    fused: bool | None = None  # None: fused kernels when all parameters are on a GPU
+
+    def __post_init__(self) -> None:
+        self.lr = _number("lr", self.lr, "> 0 (the peak learning rate)", lambda v: v > 0)
+        self.weight_decay = _number("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
+        self.eps = _number("eps", self.eps, "> 0", lambda v: v > 0)
+        betas = self.betas
+        if not isinstance(betas, list | tuple) or len(betas) != 2:
+            raise zoo.ConfigError(f"optimizer.betas={betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
+        rule = "in [0, 1), e.g. [0.9, 0.95]"
+        self.betas = tuple(_number(f"betas[{i}]", b, rule, lambda v: 0 <= v < 1) for i, b in enumerate(betas))
+        if self.fused is not None and not isinstance(self.fused, bool):
+            raise zoo.ConfigError(
+                f"optimizer.fused={self.fused!r} must be true, false or null (null: fused kernels on GPUs)"
+            )
+
+    def adamw(self, params: Iterable[nn.Parameter], embeddings: set[int], lr: float) -> torch.optim.AdamW:
+        """AdamW over ``params`` in two groups: the matrices that are not embeddings (``embeddings``:
+        their ids) decay, the rest (biases, norms, embeddings) do not."""
+        decay, no_decay = [], []
+        for p in params:
+            (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = self.fused
+        if fused is None:
+            fused = all(p.is_cuda for p in decay + no_decay) and bool(decay + no_decay)
+        return torch.optim.AdamW(groups, lr=lr, betas=self.betas, eps=self.eps, fused=fused or None)
+
+    def build(self, module: nn.Module) -> torch.optim.AdamW:
+        return self.adamw(trainable(module), embedding_weights(module), self.lr)
+
+
+@register("muon")
+@dataclass(kw_only=True)
+class MuonSettings(AdamWSettings):
+    """conf/optimizer/muon.yaml: Muon's settings, and AdamW's (inherited) for the parameters Muon
+    does not take. ``weight_decay`` is both optimizers' (decoupled, times the learning rate);
+    ``adamw_lr`` None is ``lr``: with ``adjust_lr_fn="match_rms_adamw"`` Muon's updates have
+    AdamW's RMS (Liu et al. 2025, https://arxiv.org/abs/2502.16982), so one learning rate serves
+    both."""
+
+    title = "Muon + AdamW"
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adjust_lr_fn: str = "match_rms_adamw"
+    adamw_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.momentum = _number("momentum", self.momentum, "in [0, 1), e.g. 0.95", lambda v: 0 <= v < 1)
+        if not isinstance(self.nesterov, bool):
+            raise zoo.ConfigError(f"optimizer.nesterov={self.nesterov!r} must be true or false")
+        steps = self.ns_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps < 100:
+            raise zoo.ConfigError(
+                f"optimizer.ns_steps={steps!r} must be a whole number from 1 to 99 (Newton-Schulz iterations; "
+                "5 is usual)"
+            )
+        if self.adjust_lr_fn not in ADJUST_LR:
+            raise zoo.ConfigError(f"optimizer.adjust_lr_fn={self.adjust_lr_fn!r} must be one of {', '.join(ADJUST_LR)}")
+        if self.adamw_lr is not None:
+            self.adamw_lr = _number("adamw_lr", self.adamw_lr, "> 0, or null for optimizer.lr", lambda v: v > 0)
+
+    def build(self, module: nn.Module) -> MuonWithAdamW:
+        hidden = hidden_matrices(module)
+        if not hidden:
+            raise zoo.ConfigError(
+                "optimizer=muon found no trainable linear-layer weight in the blocks for Muon (the model is frozen, "
+                "e.g. by adapter=lora, or flattened by FSDP); choose optimizer=adamw"
+            )
+        muon = torch.optim.Muon(
+            [{"params": hidden, "name": "muon"}],
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            ns_steps=self.ns_steps,
+            adjust_lr_fn=self.adjust_lr_fn,
+        )
+        taken = {id(p) for p in hidden}
+        rest = [p for p in trainable(module) if id(p) not in taken]
+        adamw = self.adamw(rest, embedding_weights(module), self.lr if self.adamw_lr is None else self.adamw_lr)
+        for group, name in zip(adamw.param_groups, ("adamw", "adamw_no_decay"), strict=True):
+            group["name"] = name  # LearningRateMonitor logs lr-MuonWithAdamW/<name>
+        return MuonWithAdamW(muon, adamw)
+
+
+# ---- which parameters ----------------------------------------------------------------------------
+def trainable(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``module`` that train (each once, however often it is shared)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def embedding_weights(module: nn.Module) -> set[int]:
+    """The ids of the weights of every nn.Embedding in ``module`` (tokens, positions, segments)."""
+    return {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+
+
+def hidden_matrices(module: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters Muon takes: the weights of the linear layers of each block's
+    attention and FFN (the sublayers of ``Block.branches``; an MoE's router too), in module order.
+
+    What Muon's write-up keeps for AdamW stays out by construction: the embeddings, the LM head (tied
+    or not), a pooler and task heads are outside the blocks; norms sit in the residual placements;
+    biases are not a layer's weight. So do weights that are not one matrix (an MoE's stacked (E, out,
+    in) experts: torch's Muon takes 2-D parameters only) and LoRA's factors (the adapter literature
+    trains them with AdamW)."""
+    found: dict[int, nn.Parameter] = {}
+    for block in (m for m in module.modules() if isinstance(m, Block)):
+        for sublayer, _ in block.branches():
+            for layer in (m for m in sublayer.modules() if isinstance(m, nn.Linear)):
+                if layer.weight.requires_grad and layer.weight.ndim == 2:
+                    found.setdefault(id(layer.weight), layer.weight)
+    return list(found.values())
+
+
+# ---- the combined optimizer ----------------------------------------------------------------------
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon and AdamW stepped together as one optimizer.
+
+    Why one object: Lightning's automatic optimisation steps one optimizer per training step, the
+    LambdaLR schedule scales the ``lr`` of that optimizer's ``param_groups``, and exact resume saves
+    and loads that optimizer's one ``state_dict``. So this class shares rather than copies: its
+    ``param_groups`` are the group dicts of ``muon`` then those of ``adamw`` (the same objects), and
+    its ``state`` is the one dict all three keep per-parameter state in (their parameters are
+    disjoint). A scheduler's change of a group's lr is then what the inner optimizer reads;
+    ``state_dict`` is an ordinary optimizer's; whatever moves optimizer state to a device (Lightning
+    does on resume) moves both; ``load_state_dict`` is torch's, after which the inner optimizers are
+    pointed at the loaded groups and state again. Two optimizers under automatic optimisation would
+    each take a step per batch in turn (Lightning loops over them), not one together.
+    """
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
+        self.muon, self.adamw = muon, adamw
+        super().__init__(muon.param_groups + adamw.param_groups, {})  # the dicts themselves: shared
+        self._share()
+
+    def _share(self) -> None:
+        """Point the inner optimizers at this one's groups (Muon's first) and state."""
+        n = len(self.muon.param_groups)
+        self.muon.param_groups, self.adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
+        self.muon.state = self.adamw.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Evaluate ``closure`` (Lightning's forward and backward) once, then step Muon and AdamW."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``; a ConfigError when ``state_dict`` is not this optimizer's
+        (e.g. a checkpoint of an AdamW run resumed with optimizer=muon)."""
+        muon_groups = ["ns_steps" in g for g in state_dict.get("param_groups", [])]
+        if muon_groups != ["ns_steps" in g for g in self.param_groups]:
+            raise zoo.ConfigError(
+                "the checkpoint's optimizer state is not Muon + AdamW's (it trained with another optimizer); "
+                "resume with the optimizer it trained with, or start a new run with init_from=<checkpoint>"
+            )
+        super().load_state_dict(state_dict)
+        self._share()
+
+
+def _number(field: str, value: Any, rule: str, ok: Callable[[float], bool]) -> float:
+    """``value`` as a float when it is a finite number that ``ok`` accepts; a ConfigError naming
+    ``optimizer.<field>`` and ``rule`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
+        text = " (YAML reads 1e-3 as text: write 1.0e-3)" if isinstance(value, str) else ""
+        raise zoo.ConfigError(f"optimizer.{field}={value!r} must be a number {rule}{text}")
+    return float(value)
