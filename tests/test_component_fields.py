@@ -30,6 +30,12 @@ VARIED = {
     "window": 4,
     "dyt_alpha": 0.8,
     "window_pattern": "LG",
+    "n_experts": 4,
+    "moe_top_k": 1,
+    "moe_renormalize": False,
+    "moe_shared_expert": True,
+    "moe_aux_loss_coef": 0.1,
+    "moe_z_loss_coef": 0.01,
 }
 SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
 

@@ -170,3 +170,16 @@ def test_rmsnorm_1p_is_rmsnorm_with_weight_plus_one_and_starts_at_zero():
     model.init_weights()
     assert torch.equal(model.decoder.final_norm.weight, torch.zeros(32))
     assert VOCAB > 61  # the HF tiny vocabulary is not the zoo tiny one: the tests above use their own
+
+
+def test_stats_count_what_each_layers_cache_holds():
+    """zoo.stats' KV cache under a pattern: windowed layers hold window - 1 positions, global ones all."""
+    base = dict(n_layers=4, n_kv_heads=2, max_seq_len=64)
+    full = zoo.stats(tiny_config(**base), seq_len=64, dtype=torch.float32).kv_cache_bytes
+    windowed = zoo.stats(tiny_config(**base, mask="sliding_window", window=9), seq_len=64, dtype=torch.float32)
+    mixed = zoo.stats(
+        tiny_config(**base, mask="sliding_window", window=9, window_pattern="LG"), seq_len=64, dtype=torch.float32
+    )
+    assert full == 2 * 4 * 2 * 8 * 4 * 64  # K and V, layers, KV heads, head size, 4 bytes, positions
+    assert windowed.kv_cache_bytes == full * 8 // 64
+    assert mixed.kv_cache_bytes == (full + windowed.kv_cache_bytes) // 2

@@ -38,6 +38,9 @@ _TINY = {  # one tiny model per registered family
     "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
     "gemma2": lambda: _build(transformers.Gemma2ForCausalLM, _gemma2_config()),
     "qwen3": lambda: _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=16)),
+    "mixtral": lambda: _build(
+        transformers.MixtralForCausalLM, _llama_config(transformers.MixtralConfig, num_local_experts=4)
+    ),
     "mistral": lambda: _build(
         transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=4)
     ),

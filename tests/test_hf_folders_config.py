@@ -24,6 +24,7 @@ CONFIG_CLASSES = {
     "gpt2": "GPT2Config",
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
+    "mixtral": "MixtralConfig",
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
     "t5": "T5Config",

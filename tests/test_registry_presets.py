@@ -58,8 +58,8 @@ def test_create_model_applies_overrides():
 def test_list_components_names_every_family():
     components = zoo.list_components()
     assert components["position"] == ["alibi", "learned", "none", "rope", "sinusoidal", "t5_relative"]
-    assert components["norm"] == ["dyt", "layernorm", "rmsnorm"]
-    assert components["ffn"] == ["geglu", "gelu", "relu", "relu2", "swiglu"]
+    assert components["norm"] == ["dyt", "layernorm", "rmsnorm", "rmsnorm_1p"]
+    assert components["ffn"] == ["geglu", "gelu", "moe", "relu", "relu2", "swiglu"]
     assert components["mask"] == ["bidirectional", "causal", "document", "prefix", "sliding_window"]
     assert components["arch"] == ["decoder", "encoder", "encoder_decoder"]
     assert {"pre", "post"} <= set(components["norm_placement"])

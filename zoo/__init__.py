@@ -5,7 +5,7 @@ model = zoo.create_model("gpt2", n_layers=4, position="alibi")
 logits = model(input_ids)  # (B, T, V)
 """
 
-from zoo import adapters, attention, ffn, mask, norm, position  # noqa: F401  (fill the registries)
+from zoo import adapters, attention, ffn, mask, moe, norm, position  # noqa: F401  (fill the registries)
 from zoo.config import ModelConfig
 from zoo.gguf import GGUFContents, from_gguf, gguf_exportable, read_gguf, to_gguf
 from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf

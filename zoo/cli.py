@@ -1,4 +1,5 @@
-"""``zoo-info``: parameters, FLOPs per token and KV-cache size of presets, as a table."""
+"""``zoo-info``: parameters, FLOPs per token and KV-cache size of presets, as a table (with the active
+parameters, those one token uses, where a mixture-of-experts preset is among them)."""
 
 from __future__ import annotations
 
@@ -73,12 +74,16 @@ def info_main(argv: list[str] | None = None) -> None:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     table = Table(title=f"KV cache in {args.kv_dtype or args.dtype}, batch {args.batch_size} (exact numbers: --json)")
-    for column in ("model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"):
+    sparse = any(r.active_params != r.params for r in rows)  # a mixture of experts: show what a token uses
+    columns = ["model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"]
+    for column in columns[:2] + ["active"] * sparse + columns[2:]:
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
+        active = [_human(r.active_params, prefixes=" KMBT")] * sparse
         table.add_row(
             r.name,
             _human(r.params, prefixes=" KMBT"),
+            *active,
             _human(r.non_embedding_params, prefixes=" KMBT"),
             f"{r.seq_len:,}",
             _human(r.flops_per_token_forward),

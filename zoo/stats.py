@@ -1,7 +1,10 @@
 """Back-of-the-envelope numbers for a model: parameters, FLOPs per token and KV-cache size.
 
-Parameters are counted exactly on a meta-device copy, so a 70B preset costs no memory.
-FLOPs follow Chowdhery et al. 2022 (PaLM, appendix B): a forward pass costs 2 FLOPs per matmul
+Parameters are counted exactly on a meta-device copy, so a 70B preset costs no memory. A
+mixture-of-experts model (``ffn=moe``) has fewer *active* parameters than parameters: one token
+passes its router, its top-k experts and the shared expert, not the other experts
+(``MoE.inactive_parameters``); a dense model's are all active.
+FLOPs follow Chowdhery et al. 2022 (PaLM, appendix B): a forward pass costs 2 FLOPs per active matmul
 weight per token plus 4 * layers * seq_len * (heads * head_dim) for the score and value products;
 training (forward + backward) is 3x the forward. KV-cache bytes are
 2 (K and V) x layers x kv_heads x head_dim x seq_len x bytes per value x batch; an int8 cache
@@ -19,6 +22,7 @@ from torch import nn
 from zoo.config import ModelConfig
 from zoo.kv_cache import check_kv_dtype, value_bytes
 from zoo.models import ZooModel, build_model, count_parameters
+from zoo.moe import MoE
 from zoo.presets import get_config
 
 
@@ -35,6 +39,7 @@ class ModelStats:
     batch_size: int
     dtype: str
     kv_dtype: str  # what the KV cache stores: the model's dtype, or "int8"
+    active_params: int  # what one token uses: all of params but the experts it is not routed to (ffn=moe)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,15 +72,18 @@ def stats(
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     embedding -= sum(stack.position.attention_table_params() for stack in model.stacks())
     non_embedding = params - embedding
+    inactive = sum(m.inactive_parameters() for m in model.modules() if isinstance(m, MoE))
     form = cfg.form  # what differs between the forms: its head, its attention and cached layers
     tied_head = form.has_vocab_head(cfg) and cfg.tie_embeddings
     head = cfg.vocab_size * cfg.d_model if tied_head else 0  # tied: a matmul, no new weight
     d_attn = cfg.n_heads * cfg.resolved_head_dim
-    forward = 2 * (non_embedding + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn
+    forward = 2 * (non_embedding - inactive + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn
     per_head = value_bytes(kv_dtype, cfg.resolved_head_dim, torch.empty((), dtype=dtype).element_size())
-    lookback = model.stacks()[-1].mask.lookback  # a sliding window's cache keeps its last positions only
-    held = seq_len if lookback is None or form.cross_attention else min(seq_len, lookback)
-    kv = 2 * form.cached_layers(cfg) * cfg.resolved_n_kv_heads * per_head * held * batch_size
+    # a windowed layer's cache keeps its last positions only (each layer's: a window_pattern's global ones all)
+    lookbacks = model.stacks()[-1].lookbacks()
+    held = [seq_len if back is None or form.cross_attention else min(seq_len, back) for back in lookbacks]
+    per_layer = cfg.resolved_n_kv_heads * per_head * batch_size * 2  # per position held, K and V
+    kv = per_layer * sum(held) * form.cached_layers(cfg) // len(held)  # decoders: one held per cached layer
     return ModelStats(
         name=name,
         params=params,
@@ -88,4 +96,5 @@ def stats(
         batch_size=batch_size,
         dtype=str(dtype).removeprefix("torch."),
         kv_dtype=kv_dtype or str(dtype).removeprefix("torch."),
+        active_params=params - inactive,
     )

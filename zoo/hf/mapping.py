@@ -3,7 +3,8 @@ two weight mappers a family's weight map runs on.
 
 A family describes its weights once, as a list of moves between zoo names and HF names
 (``copy``: one tensor each side; ``fuse``: one zoo matmul from several HF ones, rows stacked in
-order). :class:`Importer` runs the moves from a HF state dict to zoo's, :class:`Exporter` runs the
+order; ``stack``: one zoo tensor of n matrices, a mixture of experts' (n, out, in), from n groups of HF
+linears). :class:`Importer` runs the moves from a HF state dict to zoo's, :class:`Exporter` runs the
 same moves back, so the two directions cannot drift apart.
 """
 
@@ -78,6 +79,12 @@ class Mapper:
     def fuse(self, zoo: str, hfs: Sequence[str], *, bias: bool = False, sizes: Sequence[int] | None = None) -> None:
         """One zoo linear <-> the rows of several HF linears stacked in order (q|k|v, k|v, gate|up);
         ``sizes``: the HF parts' output sizes (default: equal parts)."""
+        raise NotImplementedError
+
+    def stack(self, zoo: str, hfs: Sequence[Sequence[str]]) -> None:
+        """zoo.weight, n matrices stacked (n, out, in) <-> n groups of HF linears: matrix i is the rows
+        of the weights of ``hfs[i]`` stacked in order, equal parts (Mixtral's expert i: [w1; w3] is its
+        [gate; up], [w2] its down projection)."""
         raise NotImplementedError
 
     def tensor(self, zoo: str, hf: Sequence[str]) -> None:
@@ -187,6 +194,14 @@ class Importer(Mapper):
             ]
             self.out[f"{zoo}.{suffix}"] = torch.cat(parts)  # (sum out, in)
 
+    def stack(self, zoo: str, hfs: Sequence[Sequence[str]]) -> None:
+        whole = self._want(f"{zoo}.weight")  # (n, out, in)
+        matrices = []
+        for group in hfs:
+            part = None if whole is None else (whole[1] // len(group), whole[2])
+            matrices.append(torch.cat([self.take(f"{hf}.weight", part) for hf in group]))  # (out, in)
+        self.out[f"{zoo}.weight"] = torch.stack(matrices)  # (n, out, in)
+
     def tensor(self, zoo: str, hf: Sequence[str]) -> None:
         present = [name for name in hf if name in self.params]
         self.out[zoo] = self.take(present[0] if present else hf[0], self._want(zoo))
@@ -277,6 +292,12 @@ class Exporter(Mapper):
             parts = torch.split(whole, list(sizes) if sizes else whole.shape[0] // len(hfs))
             for hf, part in zip(hfs, parts, strict=True):
                 self._put(f"{hf}.{suffix}", part)
+
+    def stack(self, zoo: str, hfs: Sequence[Sequence[str]]) -> None:
+        whole = self.state[f"{zoo}.weight"]  # (n, out, in)
+        for matrix, group in zip(whole, hfs, strict=True):
+            for hf, part in zip(group, matrix.chunk(len(group)), strict=True):
+                self._put(f"{hf}.weight", part)
 
     def tensor(self, zoo: str, hf: Sequence[str]) -> None:
         self._put(hf[0], self.state[zoo])
