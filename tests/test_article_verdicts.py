@@ -14,7 +14,7 @@ import zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))  # the study runs from a checkout, as the package ``article``
-from article import extrapolation, induction, norm, norm_probe, positions  # noqa: E402
+from article import extrapolation, induction, norm, norm_probe, positions, switches  # noqa: E402
 
 
 # ---- experiment 1 --------------------------------------------------------------------------------
@@ -120,3 +120,47 @@ def test_a_post_norm_run_that_does_not_train_counts_as_failed() -> None:
     assert norm.verdict(growth, steps, stuck)[0] == "partial"
     close = [_run("pre", 24, False, last=5.0), _run("post", 24, False, last=5.0 + norm.FAIL_MARGIN - 0.01)]
     assert norm.verdict(growth, steps, close)[0] == "does not"
+
+
+# ---- experiment 8: today's switches ----------------------------------------------------------------------
+BASE = [4.50, 4.52, 4.51]
+
+
+@pytest.mark.parametrize(
+    ("variant", "expected"),
+    [
+        ([4.30, 4.31, 4.29], "lower"),  # intervals apart, below the baseline
+        ([4.70, 4.72, 4.71], "higher"),
+        ([4.49, 4.55, 4.45], "not separable"),  # overlapping intervals
+        ([4.30], "not separable"),  # one seed: an unbounded interval separates nothing
+    ],
+)
+def test_a_switch_stands_against_the_baseline_by_its_interval(variant: list, expected: str) -> None:
+    assert switches.standing(variant, BASE) == expected
+
+
+@pytest.mark.parametrize(
+    ("standings", "expected"),
+    [
+        ({"qk_norm": "lower", "dyt": "lower"}, "agrees"),
+        ({"qk_norm": "lower", "dyt": "not separable"}, "partial"),
+        ({"qk_norm": "lower", "dyt": "higher"}, "partial"),
+        ({"qk_norm": "higher", "dyt": "not separable"}, "does not"),
+        ({"qk_norm": "not separable", "dyt": "not separable"}, "not separable at this scale"),
+    ],
+)
+def test_switches_verdict_follows_the_standings(standings: dict, expected: str) -> None:
+    assert switches.verdict(standings) == expected
+
+
+def test_every_switch_is_one_override_set_of_its_experiment_and_composes() -> None:
+    from article.common import compose_train
+
+    from tasks.cli.schemas import model_config, register_configs
+
+    register_configs()
+    assert switches.VARIANTS["baseline"] == [] and set(switches.QUICK_VARIANTS) <= set(switches.VARIANTS)
+    for name, overrides in switches.VARIANTS.items():
+        cfg = compose_train(["experiment=ablation_switches", *overrides, "paths.output_dir=/unused"])
+        assert cfg.task_name == "ablation_switches", name
+        model_config(cfg.model).validate()  # every variant builds

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from . import ffn, heads, kv_cache, norm, positions, scale, sizes
+from . import ffn, heads, kv_cache, norm, positions, scale, sizes, switches
 from .common import Context, console, quiet, shared_tokenizer
 from .page import write_page
 
-EXPERIMENTS = {m.NUMBER: m for m in (positions, norm, ffn, scale, kv_cache, sizes, heads)}
+EXPERIMENTS = {m.NUMBER: m for m in (positions, norm, ffn, scale, kv_cache, sizes, heads, switches)}
 """Number -> module, which defines NUMBER, NAME (for the log), UNITS (the progress units its run reports), TRAINS
 (whether it trains, needing the shared tokenizer), ``run(ctx) -> Result`` and optionally ``page_tables(record)``."""
 COMMAND = "python -m scripts.article.run"
