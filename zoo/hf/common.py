@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zoo.config import ModelConfig
-from zoo.hf.mapping import HFClass
+from zoo.hf.mapping import Family, HFClass, Mapper
 from zoo.registry import MASK
 
 BUFFERS = ("attn.bias", "attn.masked_bias", "position_ids", "rotary_emb.inv_freq")  # saved by old versions
@@ -82,3 +82,27 @@ def ids(cfg: ModelConfig) -> dict[str, Any]:
 def lm_class(name: str) -> Callable[[ModelConfig, bool], HFClass | None]:
     """A decoder family whose only class is its LM (no sequence-classification head is written)."""
     return lambda cfg, classifier: None if classifier else HFClass(name, True, cfg)
+
+
+def decoder_family(
+    config: Callable[[Any], ModelConfig],
+    weights: Callable[[Mapper, ModelConfig], ModelConfig],
+    *,
+    defaults: dict[str, Any],
+    write_config: Callable[[ModelConfig], dict[str, Any]],
+    unfit: Callable[[ModelConfig], list[str]],
+    architecture: str,
+) -> Family:
+    """The record of a decoder family laid out as Llama: the backbone (``embed_tokens``, ``layers``,
+    ``norm``) under ``model`` and an LM head, the transformers class ``architecture``."""
+    return Family(
+        config,
+        weights,
+        backbone=("embed_tokens", "layers", "norm"),
+        prefix="model",
+        defaults=defaults,
+        write_config=write_config,
+        unfit=unfit,
+        ignored=BUFFERS,
+        architecture=lm_class(architecture),
+    )

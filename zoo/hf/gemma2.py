@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.config import ModelConfig
-from zoo.hf.common import attn_dropout, differs, ids, lm_class, plain
-from zoo.hf.families import BUFFERS
-from zoo.hf.mapping import FAMILIES, Family, Mapper, activation, first, token_id
+from zoo.hf.common import attn_dropout, decoder_family, differs, ids, plain
+from zoo.hf.mapping import FAMILIES, Mapper, activation, first, token_id
 from zoo.hf.rope_decoders import rope_parameters, rope_settings
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -186,15 +185,12 @@ _GEMMA2_DEFAULTS = {
 }
 
 FAMILIES.register("gemma2")(
-    Family(
+    decoder_family(
         _gemma2_config,
         _gemma2_weights,
-        backbone=("embed_tokens", "layers", "norm"),
-        prefix="model",
         defaults=_GEMMA2_DEFAULTS,
         write_config=_gemma2_write,
         unfit=_gemma2_unfit,
-        ignored=BUFFERS,
-        architecture=lm_class("Gemma2ForCausalLM"),
+        architecture="Gemma2ForCausalLM",
     )
 )

@@ -26,8 +26,9 @@ import warnings
 from typing import Any
 
 from zoo.config import ModelConfig
-from zoo.hf.families import BUFFERS, WINDOW, differs, lm_class
-from zoo.hf.mapping import FAMILIES, Family, Mapper
+from zoo.hf.common import decoder_family
+from zoo.hf.families import WINDOW, differs
+from zoo.hf.mapping import FAMILIES, Mapper
 from zoo.hf.rope_decoders import _mistral_config, _mistral_write, _rope_decoder_unfit
 
 
@@ -131,15 +132,12 @@ _MIXTRAL_DEFAULTS = {  # MixtralConfig's
 }
 
 FAMILIES.register("mixtral")(
-    Family(
+    decoder_family(
         _mixtral_config,
         _mixtral_weights,
-        backbone=("embed_tokens", "layers", "norm"),
-        prefix="model",
         defaults=_MIXTRAL_DEFAULTS,
         write_config=_mixtral_write,
         unfit=_mixtral_unfit,
-        ignored=BUFFERS,
-        architecture=lm_class("MixtralForCausalLM"),
+        architecture="MixtralForCausalLM",
     )
 )

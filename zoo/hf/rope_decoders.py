@@ -8,8 +8,9 @@ import math
 from typing import Any
 
 from zoo.config import ModelConfig
-from zoo.hf.families import BUFFERS, WINDOW, attn_dropout, differs, ids, lm_class, plain
-from zoo.hf.mapping import FAMILIES, Family, Mapper, activation, first, token_id
+from zoo.hf.common import decoder_family
+from zoo.hf.families import WINDOW, attn_dropout, differs, ids, plain
+from zoo.hf.mapping import FAMILIES, Mapper, activation, first, token_id
 from zoo.position import YaRN
 
 
@@ -323,54 +324,42 @@ _QWEN3_DEFAULTS = {
 }
 
 FAMILIES.register("llama")(
-    Family(
+    decoder_family(
         _llama_config,
         _llama_weights,
-        backbone=("embed_tokens", "layers", "norm"),
-        prefix="model",
         defaults=_LLAMA_DEFAULTS,
         write_config=_llama_write,
         unfit=_llama_unfit,
-        ignored=BUFFERS,
-        architecture=lm_class("LlamaForCausalLM"),
+        architecture="LlamaForCausalLM",
     )
 )
 FAMILIES.register("mistral")(
-    Family(
+    decoder_family(
         _mistral_config,
         _llama_weights,
-        backbone=("embed_tokens", "layers", "norm"),
-        prefix="model",
         defaults=_MISTRAL_DEFAULTS,
         write_config=_mistral_write,
         unfit=_mistral_unfit,
-        ignored=BUFFERS,
-        architecture=lm_class("MistralForCausalLM"),
+        architecture="MistralForCausalLM",
     )
 )
 FAMILIES.register("qwen2")(
-    Family(
+    decoder_family(
         _qwen2_config,
         _llama_weights,
-        backbone=("embed_tokens", "layers", "norm"),
-        prefix="model",
         defaults=_QWEN2_DEFAULTS,
         write_config=_qwen2_write,
         unfit=_qwen2_unfit,
-        ignored=BUFFERS,
-        architecture=lm_class("Qwen2ForCausalLM"),
+        architecture="Qwen2ForCausalLM",
     )
 )
 FAMILIES.register("qwen3")(
-    Family(
+    decoder_family(
         _qwen3_config,
         _llama_weights,
-        backbone=("embed_tokens", "layers", "norm"),
-        prefix="model",
         defaults=_QWEN3_DEFAULTS,
         write_config=_qwen3_write,
         unfit=_qwen3_unfit,
-        ignored=BUFFERS,
-        architecture=lm_class("Qwen3ForCausalLM"),
+        architecture="Qwen3ForCausalLM",
     )
 )
