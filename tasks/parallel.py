@@ -2,9 +2,8 @@
 devices of one node, as Megatron-LM splits them (Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053,
 section 3), on Lightning's ModelParallelStrategy.
 
-Notation: N ranks (the tensor-parallel degree), r this rank; H, KV as in zoo.attention.
-
-The plan, per block (``split_model``):
+Notation: N ranks (the tensor-parallel degree), r this rank; H, KV as in zoo.attention. The plan, per
+block (``split_model``):
 
 - attention: the input projections (self-attention's fused ``qkv``, cross-attention's ``q`` and fused
   ``kv``) are column-parallel: rank r holds query heads r*H/N .. (r+1)*H/N - 1 and the KV/N key/value
@@ -33,9 +32,7 @@ foreach and fused kernel: fused AdamW, clip_grad_norm_, get_total_norm in StopOn
 
 What is whole on every rank but meets only this rank's heads (qk_norm's weights, value_residual's
 lambda) has its gradient summed over the ranks; clipping by norm sums the slices' squares over the ranks.
-Not done: data parallelism beside it (a 2-D mesh), sequence-parallel norms, pipeline stages. Attention
-dropout draws the same mask on every rank, each for its own heads.
-"""
+Not done: data parallelism beside it (a 2-D mesh), sequence-parallel norms, pipeline stages."""
 
 from __future__ import annotations
 
@@ -282,6 +279,8 @@ class TensorParallelStrategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+
+    check_model = staticmethod(check_tensor_parallel)  # asked when a run is composed (tasks.cli.checks)
 
     @property
     def group(self) -> ProcessGroup:

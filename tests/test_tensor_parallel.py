@@ -250,3 +250,16 @@ def test_checkpoints_resume_across_one_process_and_tensor_parallel(runs, tmp_pat
     assert weights[0]["global_step"] == weights[1]["global_step"] == 8
     for name, value in weights[1]["state_dict"].items():
         torch.testing.assert_close(weights[0]["state_dict"][name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_zoo_train_refuses_what_tp_cannot_split_before_it_claims_a_run_directory(tmp_path):
+    """The strategy's check runs when the run is composed: one line, no run directory, no data read."""
+    from test_tasks import compose_train
+
+    from tasks.cli.checks import check_composition
+
+    cfg = compose_train("gpt_generator", tmp_path / "run", "trainer=tp", "model.n_heads=3", "model.d_model=96")
+    with pytest.raises(zoo.ConfigError, match=r"^model.n_heads=3 does not split over 2 tensor-parallel ranks"):
+        check_composition(cfg)
+    assert not (tmp_path / "run").exists()
+    check_composition(compose_train("gpt_generator", tmp_path / "run", "trainer=tp"))  # gpt-tiny splits in two

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 import zoo
@@ -48,7 +50,20 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
             f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
             f"does not read; add model/mask=document (or use data.packing=concat)"
         )
+    check_strategy(cfg, model)
     return model
+
+
+def check_strategy(cfg: DictConfig, model: zoo.ModelConfig) -> None:
+    """A strategy class that can refuse a model (``check_model(model, devices)``: trainer=tp's ranks
+    cannot split it) refuses it now, before data is read or a run directory claimed; the model is built
+    on the meta device, so nothing is allocated."""
+    target = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
+    devices = OmegaConf.select(cfg, "trainer.devices", default=None)
+    check = getattr(get_class(target), "check_model", None) if target else None
+    if check is not None and isinstance(devices, int) and devices > 0:
+        with torch.device("meta"):
+            check(zoo.build_model(model), devices)
 
 
 POSITIVE = (
