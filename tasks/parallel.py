@@ -57,9 +57,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 import zoo
 from tasks.base import ZooTask
 from tasks.data.loading import EpochBatchSampler
+from tasks.parallel_checks import check_tensor_parallel, whole_parameters
 from zoo.attention import Attention
-from zoo.ffn import MLP
-from zoo.registry import FFN
 from zoo.sublayer import Sublayer
 
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)  # each entry's update reads its own state
@@ -156,49 +155,6 @@ class RowParallelLinear(ShardedLinear):
         return y if self.bias is None else y + self.bias
 
 
-def check_tensor_parallel(model: zoo.ZooModel, degree: int) -> None:
-    """Raise ConfigError for a model that ``degree`` ranks cannot split, naming the field and the fix."""
-    cfg = model.config
-    for field, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.resolved_n_kv_heads), ("d_ff", cfg.resolved_d_ff)):
-        if size % degree:
-            raise zoo.ConfigError(
-                f"model.{field}={size} does not split over {degree} tensor-parallel ranks (trainer=tp "
-                f"trainer.devices={degree}); choose a multiple of {degree}, or other trainer.devices"
-            )
-    for stack in model.stacks():
-        if stack.position.has_bias:
-            raise zoo.ConfigError(
-                f"model.position={cfg.position!r} adds a bias per head, which trainer=tp does not split; "
-                f"choose a position without one (e.g. rope), or trainer=ddp"
-            )
-        for block in stack.blocks:
-            for sublayer, _ in block.branches():
-                _check_sublayer(sublayer, cfg)
-
-
-def _check_sublayer(sublayer: nn.Module, cfg: zoo.ModelConfig) -> None:
-    for name, child in sublayer.named_children():
-        if isinstance(child, nn.Linear) and type(child) is not nn.Linear:
-            raise zoo.ConfigError(
-                f"adapter: layer {name} is a {type(child).__name__}, which trainer=tp cannot split; train "
-                f"without an adapter (adapter=none), or with trainer=ddp"
-            )
-    if isinstance(sublayer, Attention):
-        return
-    if not isinstance(sublayer, MLP) or _whole_parameters(sublayer):
-        dense = ", ".join(n for n in FFN.names() if issubclass(FFN.get(n), MLP))
-        raise zoo.ConfigError(
-            f"model.ffn={cfg.ffn!r} ({type(sublayer).__name__}) cannot be split by trainer=tp, which splits "
-            f"the dense FFNs ({dense}); choose one of them, or trainer=ddp"
-        )
-
-
-def _whole_parameters(sublayer: nn.Module) -> list[nn.Parameter]:
-    """The parameters of ``sublayer`` outside its Linear children (sharded or not)."""
-    linear = {id(p) for m in sublayer.children() if isinstance(m, nn.Linear) for p in m.parameters()}
-    return [p for p in sublayer.parameters() if id(p) not in linear]
-
-
 def split_model(model: zoo.ZooModel, group: ProcessGroup) -> None:
     """Split every block of ``model`` over the ranks of ``group``, in place, by the plan of this module.
     Every rank must hold the same weights. A model split already is left as it is (Lightning configures
@@ -229,7 +185,7 @@ def _split_sublayer(sublayer: Sublayer, group: ProcessGroup) -> None:
     if isinstance(sublayer, Attention):
         degree = dist.get_world_size(group)
         sublayer.n_heads, sublayer.n_kv_heads = sublayer.n_heads // degree, sublayer.n_kv_heads // degree
-        for param in _whole_parameters(sublayer):  # qk_norm, value_residual: each rank saw its heads only
+        for param in whole_parameters(sublayer):  # qk_norm, value_residual: each rank saw its heads only
             param.register_hook(partial(summed, group=group))
 
 

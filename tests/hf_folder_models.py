@@ -265,6 +265,12 @@ NATIVE = {  # zoo-native compositions that fit a family: name -> (config, Auto c
         "causal",
         "gemma2",
     ),
+    "olmo2": (
+        dict(_LLAMA, norm_placement="res_post", qk_norm="rmsnorm", qk_norm_scope="all"),
+        "AutoModelForCausalLM",
+        "causal",
+        "olmo2",
+    ),
     "qwen3_head_dim": (dict(_LLAMA, qk_norm="rmsnorm", head_dim=24), "AutoModelForCausalLM", "causal", "qwen3"),
     # post-LayerNorm, learned positions, no segments: HF gets a zero token-type table
     "bert_pooler": (dict(_BERT, type_vocab_size=0, pooler=True), "AutoModel", "base", "bert"),

@@ -231,3 +231,49 @@ def test_no_hf_family_claims_what_it_does_not_compute(preset, choice):
     with pytest.raises(zoo.ConfigError) as error:
         zoo.hf_exportable(zoo.get_config(preset, **choice, **attention))
     assert "\n" not in str(error.value) and f"{name}={value}" in str(error.value)
+
+
+# ---- qk_norm_scope=all (OLMo 2) ----------------------------------------------------------------------
+def test_qk_norm_over_all_heads_normalises_the_whole_projection_before_the_split():
+    cfg = tiny_config(qk_norm="rmsnorm", qk_norm_scope="all", n_kv_heads=2)
+    attn = _perturb(SelfAttention.from_config(cfg))
+    assert attn.q_norm.weight.shape == (32,) and attn.k_norm.weight.shape == (16,)
+    x = torch.randn(2, 5, 32)
+    q, k, v = attn.qkv(x).split((32, 16, 16), dim=-1)
+
+    def normed(t: torch.Tensor, weight: torch.Tensor, n: int) -> torch.Tensor:  # over the whole width
+        t = t / torch.sqrt(t.square().mean(-1, keepdim=True) + cfg.norm_eps) * weight
+        return t.view(2, 5, n, 8).transpose(1, 2)
+
+    q, k = normed(q, attn.q_norm.weight, 4), normed(k, attn.k_norm.weight, 2)
+    v = v.view(2, 5, 2, 8).transpose(1, 2)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    expected = attn.out(expected.transpose(1, 2).reshape(2, 5, 32))
+    torch.testing.assert_close(attn(x, AttentionInputs(is_causal=True)), expected)
+    model = tiny_model(qk_norm="rmsnorm", qk_norm_scope="all", n_kv_heads=2)
+    prompt = torch.randint(0, 61, (2, 5))
+    assert torch.equal(
+        model.generate(prompt, max_new_tokens=8), model.generate(prompt, max_new_tokens=8, use_cache=False)
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (dict(qk_norm_scope="everything"), r"^qk_norm_scope='everything' must be 'head' \(each head\) or 'all'"),
+        (dict(qk_norm_scope="all"), r"^qk_norm_scope='all' scopes qk_norm, which is none: set model/qk_norm"),
+    ],
+)
+def test_a_bad_qk_norm_scope_is_refused_in_one_line(values, message):
+    with pytest.raises(zoo.ConfigError, match=message):
+        tiny_config(**values).validate()
+
+
+def test_res_post_normalises_each_sublayers_output_and_never_the_stream():
+    model = tiny_model(norm_placement="res_post")
+    placement = model.decoder.blocks[0].attn_res
+    assert [n for n, _ in placement.named_children()] == ["norm_out"] and model.decoder.final_norm is not None
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        placement.norm_out.weight.uniform_(0.5, 1.5)
+        torch.testing.assert_close(placement(x, torch.tanh), x + placement.norm_out(torch.tanh(x)))

@@ -184,11 +184,14 @@ def test_t5_generate_cached(version):
 
 
 # ---- Llama, Qwen2 ------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", ["gqa", "rope_linear", "qwen2", "qwen2_tied", "qwen3", "qwen3_windowed"])
+@pytest.mark.parametrize("variant", ["gqa", "rope_linear", "qwen2", "qwen2_tied", "qwen3", "qwen3_windowed", "olmo2"])
 def test_rope_decoder_logits(variant):
-    if variant.startswith("qwen3"):  # a head wider than d_model / n_heads, as Qwen3's 0.6B has
+    if variant.startswith(("qwen3", "olmo2")):  # Qwen3: a head wider than d_model / n_heads, as its 0.6B has
         window = dict(use_sliding_window=True, sliding_window=5, max_window_layers=0) if "windowed" in variant else {}
-        hf = _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=24, **window))
+        if variant == "olmo2":
+            hf = _build(transformers.Olmo2ForCausalLM, _llama_config(transformers.Olmo2Config))
+        else:
+            hf = _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=24, **window))
         with torch.no_grad():  # the RMSNorms start at one: move them, so that their weights are mapped
             for name, p in hf.named_parameters():
                 if "norm" in name:
@@ -213,6 +216,8 @@ def test_rope_decoder_logits(variant):
     if variant.startswith("qwen2"):
         assert cfg.qkv_bias and not cfg.bias
         assert cfg.tie_embeddings is (variant == "qwen2_tied")
+    if variant == "olmo2":
+        assert (cfg.norm_placement, cfg.qk_norm, cfg.qk_norm_scope) == ("res_post", "rmsnorm", "all")
     if variant.startswith("qwen3"):
         assert (cfg.qk_norm, cfg.resolved_head_dim, cfg.bias, cfg.qkv_bias) == ("rmsnorm", 24, False, None)
         assert cfg.window == (5 if variant == "qwen3_windowed" else None)

@@ -37,6 +37,7 @@ _TINY = {  # one tiny model per registered family
     "llama": lambda: _build(transformers.LlamaForCausalLM, _llama_config()),
     "qwen2": lambda: _build(transformers.Qwen2ForCausalLM, _llama_config(transformers.Qwen2Config)),
     "gemma2": lambda: _build(transformers.Gemma2ForCausalLM, _gemma2_config()),
+    "olmo2": lambda: _build(transformers.Olmo2ForCausalLM, _llama_config(transformers.Olmo2Config)),
     "qwen3": lambda: _build(transformers.Qwen3ForCausalLM, _llama_config(transformers.Qwen3Config, head_dim=16)),
     "mixtral": lambda: _build(
         transformers.MixtralForCausalLM, _llama_config(transformers.MixtralConfig, num_local_experts=4)

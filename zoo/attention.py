@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -101,9 +103,12 @@ class Attention(Sublayer):
         scale: float | None = None,
         kernel: str = "sdpa",
         qk_norm: nn.Module | None = None,
+        qk_norm_all: bool = False,
         softcap: float | None = None,
     ) -> None:
-        """``qk_norm``: a norm over hd, copied for the keys (None: none); ``softcap``: attn_softcap."""
+        """``qk_norm``: a norm over hd, copied for the keys (None: none), or with ``qk_norm_all`` a
+        callable that makes one over a given width, used for the queries' H*hd and the keys' KV*hd;
+        ``softcap``: attn_softcap."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
@@ -112,8 +117,11 @@ class Attention(Sublayer):
         self.kv_dtype: str | None = None  # "int8": keys and values rounded as an int8 KV cache stores them
         self.kernel = kernel  # resolved to its function once, here and whenever it is reassigned
         self._input_projections(d_model, n_heads * head_dim, n_kv_heads * head_dim, bias=qkv_bias)
-        self.q_norm = qk_norm
-        self.k_norm = None if qk_norm is None else copy.deepcopy(qk_norm)
+        self.qk_norm_all = qk_norm_all  # the norms act on the whole projections, before the split into heads
+        if qk_norm_all:
+            self.q_norm, self.k_norm = qk_norm(n_heads * head_dim), qk_norm(n_kv_heads * head_dim)
+        else:
+            self.q_norm, self.k_norm = qk_norm, None if qk_norm is None else copy.deepcopy(qk_norm)
         self.out = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
         self.probe = nn.Identity()
 
@@ -148,7 +156,8 @@ class Attention(Sublayer):
             dropout=cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout,
             scale=cfg.attn_scale,
             kernel=cfg.attention,
-            qk_norm=None if cfg.qk_norm == "none" else NORM.get(cfg.qk_norm).from_config(cfg, cfg.resolved_head_dim),
+            qk_norm=_qk_norm(cfg),
+            qk_norm_all=cfg.qk_norm_scope == "all",
             softcap=cfg.attn_softcap,
         )
 
@@ -158,8 +167,11 @@ class Attention(Sublayer):
         return self._kernel_cls.reads_flex_mods(device_type, cached=cached, dense=dense, dropout_p=dropout_p)
 
     def _heads(self, x: Tensor, n: int, norm: nn.Module | None = None) -> Tensor:
-        """(B, T, n * hd) -> (B, n, T, hd), each head normalised by ``norm`` where there is one."""
+        """(B, T, n * hd) -> (B, n, T, hd), normalised by ``norm`` where there is one: over all n heads at
+        once (``qk_norm_all``) or each head apart."""
         B, T, _ = x.shape
+        if norm is not None and self.qk_norm_all:
+            x, norm = norm(x), None
         x = x.view(B, T, n, self.head_dim)
         return (x if norm is None else norm(x)).transpose(1, 2)  # (B, n, T, hd)
 
@@ -179,6 +191,17 @@ class Attention(Sublayer):
         how = Scoring(mask, inputs.is_causal, self.scale, dropout_p, self.probe, self.softcap)
         y = self._kernel_cls.attend(q, k, v, how)  # (B, H, Tq, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def _qk_norm(cfg: ModelConfig) -> nn.Module | Callable[[int], nn.Module] | None:
+    """What ``Attention`` takes as ``qk_norm``: one norm over a head (qk_norm_scope=head) or a maker of
+    norms of a given width (all)."""
+    if cfg.qk_norm == "none":
+        return None
+    norm = NORM.get(cfg.qk_norm, field="qk_norm")
+    return (
+        partial(norm.from_config, cfg) if cfg.qk_norm_scope == "all" else norm.from_config(cfg, cfg.resolved_head_dim)
+    )
 
 
 class SelfAttention(Attention):

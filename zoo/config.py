@@ -59,7 +59,8 @@ class ModelConfig:
     dyt_alpha: float = 0.5  # norm=dyt: the starting value of its learnable tanh slope alpha
     gelu_approximate: str = "none"  # "none" (erf, BERT) or "tanh" (GPT-2, T5 v1.1)
     attn_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
-    qk_norm: str = "none"  # a norm (zoo.norm) on each head's queries and keys before RoPE (Qwen3, OLMo 2); none
+    qk_norm: str = "none"  # a norm (zoo.norm) on the queries and keys before RoPE (Qwen3, OLMo 2); none
+    qk_norm_scope: str = "head"  # qk_norm over each head's hd (Qwen3, Gemma 3) or "all" heads at once (OLMo 2)
     attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the mask (Gemma 2: 50); math/flex only
     final_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2: 30)
     value_residual: bool = False  # each later layer's values mixed with the first layer's (Zhou et al. 2024)
@@ -302,6 +303,15 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name}={value} must be > 0")
+        if self.qk_norm_scope not in ("head", "all"):
+            raise ConfigError(
+                f"qk_norm_scope={self.qk_norm_scope!r} must be 'head' (each head) or 'all' (every head at once)"
+            )
+        if self.qk_norm == "none" and self.qk_norm_scope != "head":
+            raise ConfigError(
+                f"qk_norm_scope={self.qk_norm_scope!r} scopes qk_norm, which is none: set model/qk_norm=rmsnorm "
+                "or drop qk_norm_scope"
+            )
         if self.gelu_approximate not in ("none", "tanh"):
             raise ConfigError(f"gelu_approximate={self.gelu_approximate!r} must be 'none' or 'tanh'")
 

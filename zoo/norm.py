@@ -5,6 +5,7 @@ A placement wraps one sublayer ``f`` with its residual connection:
 - ``pre``      x + f(norm(x))                      GPT-2, Llama, T5 (final norm after the stack)
 - ``post``     norm(x + f(x))                      Vaswani et al., BERT (norm after the embeddings)
 - ``sandwich`` x + norm_out(f(norm_in(x)))         Ding et al. 2021 (CogView), Gemma 2
+- ``res_post`` x + norm_out(f(x))                   Liu et al. 2022 (Swin V2's res-post-norm), OLMo 2
 - ``deepnorm`` norm(alpha * x + f(x)), beta-scaled init  Wang et al. 2022 (DeepNet)
 """
 
@@ -178,6 +179,22 @@ class SandwichNorm(Placement):
 
     def forward(self, x: Tensor, f: Sublayer) -> Tensor:
         return x + self.norm_out(f(self.norm(x)))
+
+
+@NORM_PLACEMENT.register("res_post")
+class ResPostNorm(Placement):
+    """The sublayer's output normalised before it joins the residual stream, which itself is never
+    normalised until the final norm: x + norm_out(f(x)) (Liu et al. 2022, "Swin Transformer V2",
+    https://arxiv.org/abs/2111.09883, res-post-norm; OLMo 2's reordered norm)."""
+
+    final_norm = True
+
+    def __init__(self, norm_out: nn.Module) -> None:
+        super().__init__()
+        self.norm_out = norm_out
+
+    def forward(self, x: Tensor, f: Sublayer) -> Tensor:
+        return x + self.norm_out(f(x))
 
 
 @NORM_PLACEMENT.register("deepnorm")

@@ -28,6 +28,7 @@ def differs(cfg: ModelConfig, family: str, **allowed: tuple[Any, ...]) -> list[s
 UNCOMPUTED: dict[str, tuple[Any, ...]] = {  # what no family computes but where it says otherwise
     "embed_scale": (1.0,),
     "qk_norm": ("none",),
+    "qk_norm_scope": ("head",),
     "attn_softcap": (None,),
     "final_softcap": (None,),
     "value_residual": (False,),
