@@ -85,7 +85,8 @@ class ZooTask(L.LightningModule):
         """Lightning's hook for a strategy that splits the model once its processes are up: a strategy
         with a ``parallelize`` (trainer=tp: tasks.parallel) splits each block over the ranks; the
         others keep it whole."""
-        parallelize = getattr(self.trainer.strategy, "parallelize", None)
+        trainer = self._trainer  # None outside a Trainer: load_from_checkpoint calls this hook too
+        parallelize = None if trainer is None else getattr(trainer.strategy, "parallelize", None)
         if parallelize is not None:
             parallelize(self)
 
