@@ -36,6 +36,8 @@ VARIED = {
     "moe_shared_expert": True,
     "moe_aux_loss_coef": 0.1,
     "moe_z_loss_coef": 0.01,
+    "rope_base_global": 500.0,
+    "embedding_norm": True,
 }
 SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
 
@@ -143,7 +145,10 @@ def _readers() -> list[tuple[str, str, str]]:
     return [(field, family, name) for field, who in GOVERNED.items() for family, name in who]
 
 
-COMPANIONS = {"window_pattern": {"window": 4}}  # a setting that means something only beside another
+COMPANIONS = {
+    "window_pattern": {"window": 4},
+    "rope_base_global": {"mask": "sliding_window", "window": 4, "window_pattern": "LG"},
+}  # a setting that means something only beside another
 
 
 @pytest.mark.parametrize(("field", "family", "name"), _readers())

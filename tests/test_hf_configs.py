@@ -42,6 +42,20 @@ _TINY = {  # one tiny model per registered family
     "mixtral": lambda: _build(
         transformers.MixtralForCausalLM, _llama_config(transformers.MixtralConfig, num_local_experts=4)
     ),
+    "modernbert": lambda: _build(
+        transformers.ModernBertModel,
+        transformers.ModernBertConfig(
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=96,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            local_attention=8,
+            pad_token_id=0,
+            eos_token_id=2,
+        ),
+    ),
     "mistral": lambda: _build(
         transformers.MistralForCausalLM, _llama_config(transformers.MistralConfig, sliding_window=4)
     ),

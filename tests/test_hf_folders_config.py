@@ -25,6 +25,7 @@ CONFIG_CLASSES = {
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
     "mixtral": "MixtralConfig",
+    "modernbert": "ModernBertConfig",
     "olmo2": "Olmo2Config",
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",

@@ -88,13 +88,26 @@ def build_block(cfg: ModelConfig, *, role: StackRole, index: int = 0) -> Block:
         attn.value_residual = None if index == 0 else ValueResidual()
     return Block(
         attn=attn,
-        attn_res=placement.from_config(cfg, role=role),
+        attn_res=(placement.first_attention if index == 0 else placement.from_config)(cfg, role=role),
         cross_attn=CrossAttention.from_config(cfg) if role.cross else None,
         cross_res=placement.from_config(cfg, role=role) if role.cross else None,
         ffn=FFN.get(cfg.ffn, field="ffn").from_config(cfg),
         ffn_res=placement.from_config(cfg, role=role),
         dropout=cfg.dropout,
     )
+
+
+@dataclasses.dataclass
+class StackInputs:
+    """What ``Stack.prepare`` computes once per forward for every block: the positions (for the
+    position embedding), the self-attention inputs of the windowed or only layers (``local``) and of
+    a ``window_pattern``'s global layers (``wide``, None without them), and the cross-attention
+    inputs over the memory (``memory``, None without cross-attention)."""
+
+    position_ids: Tensor
+    local: AttentionInputs
+    wide: AttentionInputs | None
+    memory: AttentionInputs | None
 
 
 class Stack(nn.Module):
@@ -129,7 +142,7 @@ class Stack(nn.Module):
         ]
         self.position: Position = POSITION.get(cfg.position, field="position").from_config(cfg, causal=self.mask.causal)
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
-        self.embed_norm = build_norm(cfg) if placement.embedding_norm else None
+        self.embed_norm = build_norm(cfg) if placement.normalises_embeddings(cfg) else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(build_block(cfg, role=role, index=i) for i in range(n_layers))
         self.final_norm = build_norm(cfg) if placement.final_norm else None
@@ -150,8 +163,38 @@ class Stack(nn.Module):
         """x: (B, T, D) embedded tokens. padding_mask: (B, P+T), 1 = token, 0 = padding.
         position_ids: (T,) or (B, T); default P..P+T-1, or each position's offset within its document
         when ``document_ids`` (B, T) is given (mask='document': packed rows, no KV cache).
-        memory: (B, S, D), memory_mask: (B, S)."""
-        B, T, _ = x.shape
+        memory: (B, S, D), memory_mask: (B, S).
+
+        It is ``prepare``, ``embedded``, ``run`` over every block, then ``finish``: a pipeline stage
+        (zoo.pipeline) runs the same steps over its own blocks."""
+        inputs = self.prepare(
+            x,
+            padding_mask=padding_mask,
+            position_ids=position_ids,
+            prefix_len=prefix_len,
+            cache=cache,
+            memory_mask=memory_mask,
+            document_ids=document_ids,
+        )
+        x = self.embedded(x, inputs.position_ids)
+        return self.finish(self.run(x, inputs, cache=cache, memory=memory))
+
+    def prepare(
+        self,
+        x: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
+        cache: Cache | None = None,
+        memory_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        layers: range | None = None,
+    ) -> StackInputs:
+        """What every block of one forward reads (``forward``'s arguments; ``x`` gives the batch,
+        length and device only): positions, masks or FlexMods, rotary angles. ``layers``: the blocks
+        that will run (default all); the kernel they share decides the form of the mask."""
+        B, T = x.shape[:2]
         static = cache is not None and cache.static  # keys: every slot of the cache, past a 0-d tensor
         past = 0 if cache is None else cache.offset
         end = cache.capacity if static else past + T  # positions a query may find among the keys
@@ -164,7 +207,7 @@ class Stack(nn.Module):
             raise ValueError("document_ids cannot be used with a filled KV cache: decode one document at a time")
         if position_ids is None:
             position_ids = q_pos if document_ids is None else document_positions(document_ids)  # (T,) or (B, T)
-        x = self._embedded(x, position_ids)
+        blocks = list(self.blocks) if layers is None else [self.blocks[i] for i in layers]
         local, wide = (
             self._self_attention_inputs(
                 mask,
@@ -176,29 +219,55 @@ class Stack(nn.Module):
                 keys=end if static else None,
                 cached=cache is not None,
                 batch=B,
+                blocks=blocks,
             )
             for mask in (self.mask, self.global_mask if any(self.global_layers) else None)
         )
         local.rotary = self.position.rotary(position_ids)
-        if wide is not None:  # the two share rotary and what layers carry (value_residual)
-            wide = dataclasses.replace(wide, rotary=local.rotary, carried=local.carried)
+        if wide is not None:  # what layers carry (value_residual) is shared; rotary, unless set apart (ModernBERT)
+            rotary = self.position.global_rotary(position_ids, local.rotary)
+            wide = dataclasses.replace(wide, rotary=rotary, carried=local.carried)
         memory_inputs = None
-        if self.blocks and self.blocks[0].cross_attn is not None:
+        if blocks and blocks[0].cross_attn is not None:
             keep = _padding(memory_mask)
             memory_inputs = AttentionInputs(mask=None if keep is None else keep[:, None, None, :])
+        return StackInputs(position_ids, local, wide, memory_inputs)
+
+    def run(
+        self,
+        x: Tensor,
+        inputs: StackInputs,
+        *,
+        layers: range | None = None,
+        cache: Cache | None = None,
+        memory: Tensor | None = None,
+    ) -> Tensor:
+        """The blocks in ``layers`` (default all) over x (B, T, D), each with its layer's inputs, KV
+        cache and checkpointing policy."""
         every = self.checkpoint_every if self.checkpointing(cache) else 0
         layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
-        for i, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
-            inputs = wide if self.global_layers[i] else local
+        for i in range(len(self.blocks)) if layers is None else layers:
+            block, layer_cache = self.blocks[i], layer_caches[i]
+            attention = inputs.wide if self.global_layers[i] else inputs.local
             if every and i % every == 0:  # keep the block's inputs only; recompute it in backward
                 x = checkpoint(
-                    block, x, inputs, use_reentrant=False, cache=None, memory=memory, memory_inputs=memory_inputs
+                    block,
+                    x,
+                    attention,
+                    use_reentrant=False,
+                    cache=None,
+                    memory=memory,
+                    memory_inputs=inputs.memory,
                 )
             else:
-                x = block(x, inputs, cache=layer_cache, memory=memory, memory_inputs=memory_inputs)
+                x = block(x, attention, cache=layer_cache, memory=memory, memory_inputs=inputs.memory)
+        return x
+
+    def finish(self, x: Tensor) -> Tensor:
+        """The last block's output through the final norm, where the placement has one."""
         return x if self.final_norm is None else self.final_norm(x)
 
-    def _embedded(self, x: Tensor, position_ids: Tensor) -> Tensor:
+    def embedded(self, x: Tensor, position_ids: Tensor) -> Tensor:
         """Embedded tokens (B, T, D) with the position embedding added, normalised where the placement
         asks, and dropped out while training."""
         pe = self.position.embed(position_ids)
@@ -229,6 +298,7 @@ class Stack(nn.Module):
         keys: int | None = None,
         cached: bool = False,
         batch: int = 1,
+        blocks: list[nn.Module] | None = None,
     ) -> AttentionInputs | None:
         """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
         form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf;
@@ -236,16 +306,17 @@ class Stack(nn.Module):
         ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``).
         ``keys``: a static cache's capacity; its slots after a query are masked by the decoder mask's
         causal part, so the mask is always built (and ``past`` may be a 0-d tensor). ``mask``: the
-        stack's or its global layers' (None: no such layers, no inputs)."""
+        stack's or its global layers' (None: no such layers, no inputs). ``blocks``: those that will read
+        them (default all)."""
         if mask is None:
             return None
         T = q_pos.shape[0]
         keep = _padding(padding_mask)  # (B, P+T) or (B, keys), or None
         plain = keep is None and document_ids is None and keys is None
         dense = not (plain and not self.position.has_bias and (mask.kernel_causal or mask.bidirectional))
-        if self.blocks and all(
-            block.attn.reads_flex_mods(q_pos.device.type, cached=cached, dense=dense) for block in self.blocks
-        ):
+        blocks = list(self.blocks) if blocks is None else blocks
+        device = q_pos.device.type
+        if blocks and all(block.attn.reads_flex_mods(device, cached=cached, dense=dense) for block in blocks):
             return self._flex_inputs(mask, q_pos, keep, prefix_len, document_ids, batch=batch)
         if plain and mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
             if T == 1:

@@ -56,6 +56,7 @@ class ModelConfig:
     qkv_bias: bool | None = None  # None: = bias (Qwen2 has q/k/v biases only)
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
+    embedding_norm: bool = False  # pre: the embeddings normalised in place of the first attention norm (ModernBERT)
     dyt_alpha: float = 0.5  # norm=dyt: the starting value of its learnable tanh slope alpha
     gelu_approximate: str = "none"  # "none" (erf, BERT) or "tanh" (GPT-2, T5 v1.1)
     attn_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
@@ -67,7 +68,8 @@ class ModelConfig:
     logit_scale: float = 1.0  # multiplies the final hidden state before the LM head (T5 v1.0: d_model**-0.5)
     embed_scale: float = 1.0  # multiplies the token embeddings (Vaswani et al. 2017, Gemma: d_model**0.5)
     rope_base: float = 10000.0
-    rope_scaling: str = "none"  # zoo.position.ROPE_SCALINGS: none, linear (position interpolation), ntk, yarn
+    rope_base_global: float | None = None  # rope: the base of a window_pattern's global (G) layers (ModernBERT: 160000)
+    rope_scaling: str = "none"  # zoo.rope_scaling.ROPE_SCALINGS: none, linear (position interpolation), ntk, yarn
     rope_scaling_factor: float = 1.0
     rope_original_max_len: int | None = None  # yarn: the context length before the extension
     rel_buckets: int = 32  # t5_relative
@@ -295,6 +297,7 @@ class ModelConfig:
             "logit_scale",
             "embed_scale",
             "rope_base",
+            "rope_base_global",
             "init_std",
             "attn_scale",
             "attn_softcap",

@@ -134,6 +134,16 @@ class Placement(nn.Module):
         """The placement of one sublayer of a block in a stack in ``role`` (which of a form's stacks it is)."""
         return cls(build_norm(cfg))
 
+    @classmethod
+    def normalises_embeddings(cls, cfg: ModelConfig) -> bool:
+        """Whether the stack normalises the embeddings before the first block (the class's ``embedding_norm``)."""
+        return cls.embedding_norm
+
+    @classmethod
+    def first_attention(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> Placement:
+        """The placement of the first block's self-attention: ``from_config``'s, unless a setting sets it apart."""
+        return cls.from_config(cfg, role=role)
+
     def init_gain(self) -> float | None:
         """The factor init multiplies the wrapped sublayer's value weights by (``Sublayer.value_weights``),
         or None: init scales its residual projections down with depth instead (GPT-2)."""
@@ -142,11 +152,24 @@ class Placement(nn.Module):
 
 @NORM_PLACEMENT.register("pre")
 class PreNorm(Placement):
+    """x + f(norm(x)). With ``embedding_norm`` the embeddings are normalised before the first block,
+    which the residual stream then carries, and the first attention takes them as they are, x + f(x)
+    (ModernBERT, Warner et al. 2024, https://arxiv.org/abs/2412.13663: its first ``attn_norm`` is an Identity)."""
+
     final_norm = True
+    reads = frozenset({"embedding_norm"})
 
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
         self.norm = norm
+
+    @classmethod
+    def normalises_embeddings(cls, cfg: ModelConfig) -> bool:
+        return cfg.embedding_norm
+
+    @classmethod
+    def first_attention(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> PreNorm:
+        return cls(nn.Identity()) if cfg.embedding_norm else cls.from_config(cfg, role=role)
 
     def forward(self, x: Tensor, f: Sublayer) -> Tensor:
         return x + f(self.norm(x))

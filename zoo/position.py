@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.mask import index_grids, over_keys, refuse_half_rules
-from zoo.registry import POSITION, ConfigError, Registry
+from zoo.registry import POSITION, ConfigError
+from zoo.rope_scaling import ROPE_SCALINGS, RopeScaling  # noqa: F401  (RopeScaling: named in RoPE's docstring)
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
 
@@ -69,6 +70,10 @@ class Position(nn.Module):
 
     def rotary(self, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
         return None
+
+    def global_rotary(self, position_ids: Tensor, local: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor] | None:
+        """The global (G) layers' ``rotary`` under a ``window_pattern``: ``local`` (the others') unless set apart."""
+        return local
 
     def score_mod(self, device: torch.device) -> ScoreMod | None:
         """The bias, as flex_attention's score_mod (score, b, h, q_idx, kv_idx) -> score plus the bias
@@ -143,93 +148,6 @@ class Learned(Position):
         return self.table(position_ids)
 
 
-class RopeScaling:
-    """A RoPE context extension (``rope_scaling``, in ROPE_SCALINGS): how it changes the frequencies,
-    the positions and the size of q and k; each hook here is the identity. ``factor``: the extension
-    (``rope_scaling_factor``); ``original_max_len``: the context before it (``rope_original_max_len``)."""
-
-    def __init__(self, factor: float = 1.0, original_max_len: int | None = None) -> None:
-        self.factor, self.original_max_len = factor, original_max_len
-
-    @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
-        """Raise ConfigError for settings this scaling cannot work with (RoPE.check calls it)."""
-        if cfg.rope_scaling_factor < 1.0:
-            raise ConfigError(f"rope_scaling_factor={cfg.rope_scaling_factor} must be >= 1 (the context extension)")
-
-    def base(self, base: float, head_dim: int) -> float:
-        return base
-
-    def inv_freq(self, inv_freq: Tensor, base: float, head_dim: int) -> Tensor:
-        """The frequencies (hd/2,) of pairs that turn ``inv_freq`` rad per position without scaling."""
-        return inv_freq
-
-    def positions(self, pos: Tensor) -> Tensor:
-        return pos
-
-    @property
-    def attention_factor(self) -> float:  # multiplies cos and sin, so q.k by its square
-        return 1.0
-
-
-ROPE_SCALINGS: Registry[type[RopeScaling]] = Registry("rope_scaling")
-
-
-@ROPE_SCALINGS.register("none")
-class NoScaling(RopeScaling):
-    @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
-        """The rotation as trained: nothing to check (``rope_scaling_factor`` is not read)."""
-
-
-@ROPE_SCALINGS.register("linear")
-class LinearScaling(RopeScaling):
-    """Chen et al. 2023, position interpolation (https://arxiv.org/abs/2306.15595): positions / factor."""
-
-    def positions(self, pos: Tensor) -> Tensor:
-        return pos * (1.0 / self.factor)
-
-
-@ROPE_SCALINGS.register("ntk")
-class NTKScaling(RopeScaling):
-    """bloc97's NTK-aware base, base * factor^(hd/(hd-2)): the lowest frequency / factor, the highest kept."""
-
-    def base(self, base: float, head_dim: int) -> float:
-        return base * self.factor ** (head_dim / (head_dim - 2))
-
-
-@ROPE_SCALINGS.register("yarn")
-class YaRN(RopeScaling):
-    """Peng et al. 2023, "YaRN" (https://arxiv.org/abs/2309.00071), sec. 3.2 and 3.4. NTK-by-parts: a
-    pair that turns r = L / wavelength times over the original context L keeps its frequency when
-    r > beta_fast, is divided by the factor when r < beta_slow, and in between is blended along a
-    linear ramp over the pair index. Attention temperature: cos and sin times 0.1 ln(factor) + 1."""
-
-    beta_fast: ClassVar[float] = 32.0  # the paper's beta for Llama (its alpha is beta_slow)
-    beta_slow: ClassVar[float] = 1.0
-
-    @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
-        super().check(cfg)
-        if cfg.rope_original_max_len is None:
-            raise ConfigError("rope_scaling='yarn' needs rope_original_max_len, the context length trained at")
-
-    def _pair(self, rotations: float, base: float, head_dim: int) -> float:
-        """The (fractional) pair index i whose wavelength 2 pi base^(2i/hd) fits ``rotations`` times in L."""
-        return head_dim * math.log(self.original_max_len / (2 * math.pi * rotations)) / (2 * math.log(base))
-
-    def inv_freq(self, inv_freq: Tensor, base: float, head_dim: int) -> Tensor:
-        low = max(math.floor(self._pair(self.beta_fast, base, head_dim)), 0)
-        high = min(math.ceil(self._pair(self.beta_slow, base, head_dim)), head_dim - 1)
-        i = torch.arange(inv_freq.shape[0], device=inv_freq.device, dtype=torch.float32)
-        ramp = ((i - low) / ((high - low) or 1e-3)).clamp(0, 1)  # (hd/2,) 0: kept, 1: interpolated
-        return inv_freq * (1 - ramp * (1 - 1 / self.factor))  # = (1 - ramp) * inv_freq + ramp * inv_freq / factor
-
-    @property
-    def attention_factor(self) -> float:
-        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
-
-
 @POSITION.register("rope")
 class RoPE(Position):
     """Su et al. 2021 (RoFormer): rotate each pair of q/k dimensions by the angle p * theta_i,
@@ -237,9 +155,10 @@ class RoPE(Position):
 
     Pairs are (i, i + hd/2) ("rotate half", the layout of GPT-NeoX and HF Llama). Context extension:
     ``rope_scaling``, a :class:`RopeScaling` of ROPE_SCALINGS (none, linear, ntk, yarn), by ``rope_scaling_factor``.
+    ``rope_base_global``: the base of a ``window_pattern``'s global layers, ``wide`` (ModernBERT), scaled alike.
     """
 
-    reads = frozenset({"rope_base", "rope_scaling", "rope_scaling_factor", "rope_original_max_len"})
+    reads = frozenset({"rope_base", "rope_scaling", "rope_scaling_factor", "rope_original_max_len", "rope_base_global"})
 
     def __init__(
         self,
@@ -248,11 +167,13 @@ class RoPE(Position):
         scaling: str = "none",
         factor: float = 1.0,
         original_max_len: int | None = None,
+        global_base: float | None = None,
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.scaling = ROPE_SCALINGS.get(scaling, field="rope_scaling")(factor, original_max_len)
         self.base = self.scaling.base(base, head_dim)
+        self.wide = None if global_base is None else RoPE(head_dim, global_base, scaling, factor, original_max_len)
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -260,13 +181,17 @@ class RoPE(Position):
             raise ConfigError(
                 f"position={cfg.position!r} rotates pairs of dimensions: head_dim={cfg.resolved_head_dim} must be even"
             )
+        if cfg.rope_base_global is not None and "G" not in (cfg.window_pattern or ""):
+            raise ConfigError(
+                f"rope_base_global={cfg.rope_base_global} is the base of a window_pattern's global (G) layers and "
+                f"window_pattern={cfg.window_pattern!r} has none: set one (e.g. GLL) or drop rope_base_global"
+            )
         ROPE_SCALINGS.get(cfg.rope_scaling, field="rope_scaling").check(cfg)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, causal: bool) -> RoPE:
-        return cls(
-            cfg.resolved_head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor, cfg.rope_original_max_len
-        )
+        dim, scaling = cfg.resolved_head_dim, (cfg.rope_scaling, cfg.rope_scaling_factor, cfg.rope_original_max_len)
+        return cls(dim, cfg.rope_base, *scaling, cfg.rope_base_global)
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:
         i = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
@@ -280,6 +205,9 @@ class RoPE(Position):
             angles = angles[:, None]
         scale = self.scaling.attention_factor
         return (angles.cos(), angles.sin()) if scale == 1.0 else (angles.cos() * scale, angles.sin() * scale)
+
+    def global_rotary(self, position_ids: Tensor, local: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor] | None:
+        return local if self.wide is None else self.wide.rotary(position_ids)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -5,9 +5,9 @@
     zoo.hf_exportable(model.config)  # "gpt2", "llama", ...; a ConfigError names what no HF class computes
     zoo.to_hf(model, "out")  # a folder transformers' Auto classes load, no trust_remote_code
 
-Supported ``model_type``s: ``bert``, ``gemma2``, ``gpt2``, ``llama``, ``mistral``, ``mixtral``, ``olmo2``,
-``qwen2``, ``qwen3``, ``t5``, one :class:`Family` record each in the registry :data:`FAMILIES`
-(zoo/hf/gpt2.py, bert.py, t5.py, rope_decoders.py, gemma2.py, mixtral.py, olmo2.py).
+Supported ``model_type``s: ``bert``, ``gemma2``, ``gpt2``, ``llama``, ``mistral``, ``mixtral``, ``modernbert``,
+``olmo2``, ``qwen2``, ``qwen3``, ``t5``, one :class:`Family` record each in the registry :data:`FAMILIES`
+(zoo/hf/gpt2.py, bert.py, t5.py, rope_decoders.py, gemma2.py, mixtral.py, olmo2.py, modernbert.py).
 A family's weight map runs in both directions (zoo/hf/mapping.py); HF's separate projections are
 fused into zoo's single matmuls by stacking rows and split again on the way out. ``transformers`` is
 optional: a folder is read and written with safetensors and JSON alone.
@@ -28,6 +28,7 @@ from zoo.config import ModelConfig
 from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
 from zoo.hf import gemma2 as _gemma2  # noqa: F401  (registers gemma2 after rope_decoders' families)
 from zoo.hf import mixtral as _mixtral  # noqa: F401  (registers mixtral)
+from zoo.hf import modernbert as _modernbert  # noqa: F401  (registers modernbert)
 from zoo.hf import olmo2 as _olmo2  # noqa: F401  (registers olmo2)
 from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
 from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, tensor_headers, weight_files, write_json

@@ -33,6 +33,8 @@ UNCOMPUTED: dict[str, tuple[Any, ...]] = {  # what no family computes but where 
     "final_softcap": (None,),
     "value_residual": (False,),
     "window_pattern": (None,),
+    "rope_base_global": (None,),
+    "embedding_norm": (False,),
 }
 
 

@@ -4,7 +4,7 @@ config writer (zoo -> HF) and the list of zoo settings its transformers classes 
 
 One module per family or kind: BERT in bert.py, GPT-2 in gpt2.py, T5 in t5.py, the RoPE decoders
 (Llama, Mistral, Qwen2, Qwen3) in rope_decoders.py, Gemma 2 in gemma2.py, Mixtral in mixtral.py,
-OLMo 2 in olmo2.py, and what they share in common.py. A new family is its
+OLMo 2 in olmo2.py, ModernBERT in modernbert.py, and what they share in common.py. A new family is its
 functions and one ``FAMILIES.register`` line at the end of such a module. Importing this module
 registers BERT, GPT-2 and T5 in that order (zoo.hf imports rope_decoders after it), and gives the
 shared helpers under the names family modules have imported them by.

@@ -11,7 +11,7 @@ from zoo.config import ModelConfig
 from zoo.hf.common import decoder_family
 from zoo.hf.families import WINDOW, attn_dropout, differs, ids, plain
 from zoo.hf.mapping import FAMILIES, Mapper, activation, first, token_id
-from zoo.position import YaRN
+from zoo.rope_scaling import YaRN
 
 
 # ---- Llama, Mistral and Qwen2 --------------------------------------------------------------------------
