@@ -2,7 +2,7 @@
 
     got = zoo.read_gguf("model.gguf")  # model, tokenizer, specials, chat template, what was loaded
     model = zoo.from_gguf("model.gguf", dtype=torch.float32)  # the model alone
-    zoo.gguf_exportable(model)  # "llama", "qwen2", "gpt2"; a ConfigError names what llama.cpp lacks
+    zoo.gguf_exportable(model)  # "llama", "qwen2", "qwen3", "gemma2", "olmo2", "mixtral", "gpt2"; or a ConfigError
     zoo.to_gguf(model, "out/model.gguf", dtype="q8_0", tokenizer=tok, chat_template=template)
 
 llama.cpp's architectures are records in :data:`ARCHS` (zoo/gguf/names.py), each tied to the zoo.hf

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from zoo.config import ModelConfig
-from zoo.gguf.names import ARCHS, Arch, Slot, convert, hf_tensors
+from zoo.gguf.names import ARCHS, Arch, Slot, convert, hf_tensors, per_expert
 from zoo.gguf.reader import MISSING, GGUFFile
 from zoo.gguf.tokenizer import build_tokenizer, read_specials, read_vocab
 from zoo.hf.mapping import FAMILIES, Importer
@@ -57,7 +57,8 @@ class GGUFContents:
 def read_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, tokenizer: bool = True) -> GGUFContents:
     """Read a llama.cpp GGUF file: the zoo model (eval mode, weights dequantized to ``dtype``), and
     with ``tokenizer`` its vocabulary, special ids and chat template. Architectures: those of
-    :data:`zoo.gguf.names.ARCHS` (llama, which also carries Mistral; qwen2; gpt2).
+    :data:`zoo.gguf.names.ARCHS` (llama, which also carries Mistral, and Mixtral where the file has
+    ``llama.expert_count``; qwen2; qwen3; gemma2; olmo2; gpt2).
 
     Raises:
         CheckpointError: one line naming the file and the key or tensor: not a GGUF file, truncated,
@@ -79,13 +80,18 @@ def read_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, to
 
 
 def _architecture(f: GGUFFile) -> Arch:
+    """The record of the file's ``general.architecture``: the one whose ``requires`` key the file sets
+    to a nonzero number (Mixtral's ``llama.expert_count``), else the one that requires none."""
     name = f.get("general.architecture", "str")
-    if name not in ARCHS:
+    records = [ARCHS.get(key) for key in ARCHS.names() if ARCHS.get(key).name == name]
+    if not records:
+        supported = sorted({ARCHS.get(key).name for key in ARCHS.names()})
         raise CheckpointError(
             f"{f.path}: general.architecture={name!r} is not an architecture zoo reads; supported: "
-            f"{', '.join(ARCHS.names())}"
+            f"{', '.join(supported)}"
         )
-    return ARCHS.get(name)
+    marked = [a for a in records if a.requires is not None and f.get(f"{name}.{a.requires}", "int", 0)]
+    return (marked or [a for a in records if a.requires is None])[0]
 
 
 def _hf_values(f: GGUFFile, arch: Arch) -> dict[str, Any]:
@@ -96,6 +102,7 @@ def _hf_values(f: GGUFFile, arch: Arch) -> dict[str, Any]:
         if value is not None:
             values[key.attr] = value
     values.update({attr: tensor in f.tensors for attr, tensor in arch.biases.items()})
+    values.update(arch.implied(values))
     embedding = f.tensors.get("token_embd.weight")
     if embedding is None or len(embedding.shape) != 2:
         raise CheckpointError(
@@ -201,7 +208,7 @@ def _model(
         del tensors["lm_head.weight"]  # llama.cpp's converter writes GPT-2's tied head as a copy
         cfg = cfg.replace(tie_embeddings=True)
     family = FAMILIES.get(arch.family)
-    weights = Importer(tensors, f"{family.prefix}.", str(f.path))
+    weights = Importer(per_expert(tensors, arch, cfg), f"{family.prefix}.", str(f.path))
     cfg = family.weights(weights, cfg)
     weights.check_leftovers(family.backbone, family.ignored)
     with torch.device("meta"):

@@ -1,8 +1,9 @@
-"""llama.cpp's architectures as zoo reads and writes them: one :class:`Arch` record each in :data:`ARCHS`.
+"""llama.cpp's architectures as zoo reads and writes them: :class:`Arch` records in :data:`ARCHS`.
 
 A record ties a llama.cpp ``general.architecture`` to the zoo.hf family that computes the same model
-(``llama`` -> Llama, ``qwen2`` -> Qwen2, ``gpt2`` -> GPT-2) and says, once for both directions,
-which GGUF metadata key holds which HF config attribute (:class:`Key`) and which GGUF tensor holds
+(``llama`` -> Llama, ``qwen2`` -> Qwen2, ``gpt2`` -> GPT-2 here; ``qwen3``, ``gemma2``, ``olmo2``, and
+Mixtral, which llama.cpp runs as ``llama`` with experts, in zoo/gguf/archs.py) and says, once for both
+directions, which GGUF metadata key holds which HF config attribute (:class:`Key`) and which GGUF tensor holds
 which HF tensor in which layout (:class:`Slot`). Reading goes GGUF -> HF names -> the family's weight
 map -> zoo; writing runs the same tables backwards, so the two cannot drift apart.
 
@@ -13,7 +14,13 @@ Layouts (GGUF tensors in torch's order, as zoo.gguf.reader returns them):
 - ``rope_q`` / ``rope_k``: llama.cpp's ``llama`` rotates interleaved pairs (x0, x1), (x2, x3)... of each
   head, HF's Llama the two halves of it (rotate-half). llama.cpp's converter therefore permutes the
   q and k rows of every head (weights and biases) so that its rotation computes HF's; :func:`rope_rows`
-  is that permutation and its inverse. ``qwen2`` (NeoX rotation, as HF) keeps HF's rows.
+  is that permutation and its inverse. ``qwen2``, ``qwen3``, ``gemma2`` and ``olmo2`` (NeoX rotation,
+  as HF) keep HF's rows.
+- ``norm_1p``: Gemma's RMSNorm multiplies by (1 + w) and keeps w (zoo's ``rmsnorm_1p`` too); llama.cpp
+  multiplies by what it stores, so its converter stores 1 + w.
+- ``experts``: a mixture of experts' (n_experts, out, in) stack of one projection, llama.cpp's
+  ``ffn_*_exps``; the HF name is the stack's (``...experts.w1``), expert e's is ``...experts.{e}.w1``
+  (:func:`expert_names`): :func:`hf_tensors` stacks them, :func:`per_expert` takes them apart.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from zoo.config import ModelConfig
@@ -29,6 +37,7 @@ from zoo.hf.mapping import FAMILIES, Exporter
 from zoo.registry import Registry
 
 PLAIN, CONV1D, ROPE_Q, ROPE_K = "plain", "conv1d", "rope_q", "rope_k"
+NORM_1P, EXPERTS = "norm_1p", "experts"
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,11 @@ class Arch:
     ``rope``: the model has RoPE (its ``rope.*`` keys are read and written);
     ``interleaved``: llama.cpp rotates interleaved pairs (q/k rows permuted, see :func:`rope_rows`);
     ``output_copy``: a tied head is written as a copy (``output.weight``), as llama.cpp's converter
-    does for GPT-2; ``unfit``: the zoo settings llama.cpp's architecture does not compute, besides
-    those the HF family already refuses.
+    does for GPT-2 (and llama.cpp's olmo2 requires); ``unfit``: the zoo settings llama.cpp's
+    architecture does not compute, besides those the HF family already refuses; ``implied``: HF
+    attributes llama.cpp derives from the others rather than reads (Gemma 2's score scale), from the
+    HF values read so far; ``requires``: a metadata integer (``{name}.`` prepended) whose nonzero value
+    picks this record over the one of the same ``name`` without it (Mixtral's ``expert_count`` in a ``llama`` file).
     """
 
     name: str
@@ -75,6 +87,8 @@ class Arch:
     interleaved: bool = False
     output_copy: bool = False
     unfit: Callable[[ModelConfig], list[str]] = lambda cfg: []
+    implied: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: {}
+    requires: str | None = None
 
     def block_slots(self, n_layers: int) -> list[Slot]:
         """Every slot with ``{i}`` filled in for each block."""
@@ -105,16 +119,43 @@ def convert(w: Tensor, layout: str, cfg: ModelConfig, arch: Arch, *, to_gguf: bo
     if layout in (ROPE_Q, ROPE_K) and arch.interleaved:
         heads = cfg.n_heads if layout == ROPE_Q else cfg.resolved_n_kv_heads
         return rope_rows(w, heads, to_gguf=to_gguf).contiguous()
+    if layout == NORM_1P:  # the gain 1 + w, rounded to f32 (w comes back within half an ulp of 1 + w)
+        return w + 1 if to_gguf else w - 1
     return w
 
 
 def hf_tensors(state: dict[str, Tensor], arch: Arch, cfg: ModelConfig) -> dict[str, Tensor]:
-    """A zoo state dict under the HF names of ``arch``'s family (its weight map run by an Exporter);
-    meta tensors give the shapes alone."""
+    """A zoo state dict under the HF names of ``arch``'s family (its weight map run by an Exporter),
+    each ``experts`` slot's experts stacked; meta tensors give the shapes alone."""
     family = FAMILIES.get(arch.family)
     exporter = Exporter(state, f"{family.prefix}.")
     family.weights(exporter, cfg)
-    return exporter.out
+    out = exporter.out
+    for stacked in _stacks(arch, cfg):
+        experts = [out.pop(f"{name}.weight") for name in expert_names(stacked, cfg.n_experts)]
+        out[f"{stacked}.weight"] = torch.stack(experts)  # (n_experts, out, in)
+    return out
+
+
+def per_expert(tensors: dict[str, Tensor], arch: Arch, cfg: ModelConfig) -> dict[str, Tensor]:
+    """:func:`hf_tensors`' stacks taken apart again: HF tensors as the family's weight map reads them."""
+    out = dict(tensors)
+    for stacked in _stacks(arch, cfg):
+        matrices = out.pop(f"{stacked}.weight")  # (n_experts, out, in)
+        out.update(
+            {f"{name}.weight": m for name, m in zip(expert_names(stacked, cfg.n_experts), matrices, strict=True)}
+        )
+    return out
+
+
+def expert_names(stacked: str, n: int) -> list[str]:
+    """The HF names of the ``n`` experts of a stack: ``a.experts.w1`` -> ``a.experts.0.w1``, ..."""
+    head, last = stacked.rsplit(".", 1)
+    return [f"{head}.{e}.{last}" for e in range(n)]
+
+
+def _stacks(arch: Arch, cfg: ModelConfig) -> list[str]:
+    return [slot.hf for slot in arch.block_slots(cfg.n_layers) if slot.layout == EXPERTS]
 
 
 # ---- what llama.cpp does not compute (beyond what the HF family refuses) ---------------------------
@@ -233,3 +274,5 @@ ARCHS.register("gpt2")(
         },
     )
 )
+
+from zoo.gguf import archs as _archs  # noqa: E402, F401  (registers qwen3, gemma2, olmo2 and mixtral)

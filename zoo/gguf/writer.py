@@ -30,7 +30,9 @@ QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION, written with quantized files
 
 
 def gguf_exportable(model: ZooModel | ModelConfig) -> str:
-    """The llama.cpp architecture (``llama``, ``qwen2``, ``gpt2``) whose computation is ``model``'s.
+    """The :data:`~zoo.gguf.names.ARCHS` record whose llama.cpp architecture computes ``model``: its
+    name there is llama.cpp's (``llama``, ``qwen2``, ``qwen3``, ``gemma2``, ``olmo2``, ``gpt2``) but for
+    ``mixtral``, which llama.cpp runs as ``llama`` with experts (``ARCHS.get(name).name``).
 
     Raises:
         ConfigError: one line naming the settings the closest architecture does not compute (a mask,
