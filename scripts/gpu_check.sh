@@ -6,8 +6,8 @@
 #   3. scripts/bench/flex.py: ALiBi and T5-bias training tokens/s and peak memory at T = 1024, 2048, 4096 with
 #      attention=flex and attention=auto (FlexMods: bias and mask computed in the kernel) against sdpa with a
 #      bias tensor, and RoPE on sdpa; each row says whether the layers got FlexMods and its ratio to RoPE,
-#   4. with two GPUs or more: short GPT runs under trainer=ddp, fsdp and tp (tensor parallel), and the tp
-#      run's checkpoint resumed on one GPU.
+#   4. with two GPUs or more: short GPT runs under trainer=ddp, fsdp, tp (tensor parallel) and pp (pipeline
+#      stages), and the tp and pp runs' checkpoints resumed on one GPU.
 # A GPU is lent for minutes, so no step stops the others: each runs (with a time limit of its own), its output
 # goes to the terminal and to $OUT/<step>.log, and the script ends with every step's status and seconds (also
 # in $OUT/gpu_check.tsv), exiting 1 if any step failed.
@@ -83,7 +83,7 @@ else
 fi
 
 # Multi-GPU (2 devices or more; not in the dry run): a short GPT run under each distributed trainer, then the
-# tensor-parallel run's checkpoint (zoo's whole tensors) resumed on one GPU for 10 more steps.
+# tensor- and pipeline-parallel runs' checkpoints (zoo's whole tensors) resumed on one GPU for 10 more steps.
 gpus=0
 [ $dry -eq 0 ] && gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if [ "${gpus:-0}" -ge 2 ]; then
@@ -96,8 +96,12 @@ if [ "${gpus:-0}" -ge 2 ]; then
     trainer.precision=bf16-mixed "hydra.run.dir=$out/tp_run"
   step tp_to_one_gpu "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=gpu trainer.max_steps=50 \
     "ckpt_path=$out/tp_run/checkpoints/last.ckpt" "hydra.run.dir=$out/tp_to_one_gpu"
+  step pp_train "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=pp trainer.devices=2 trainer.accelerator=gpu \
+    trainer.precision=bf16-mixed "hydra.run.dir=$out/pp_run"
+  step pp_to_one_gpu "" "$py" -m tasks.cli.train "${tiny[@]}" trainer=gpu trainer.max_steps=50 \
+    "ckpt_path=$out/pp_run/checkpoints/last.ckpt" "hydra.run.dir=$out/pp_to_one_gpu"
 elif [ $dry -eq 0 ]; then
-  echo "one GPU: the multi-GPU steps (ddp_train, fsdp_train, tp_train, tp_to_one_gpu) need two or more"
+  echo "one GPU: the multi-GPU steps (ddp_train, fsdp_train, tp_train, tp_to_one_gpu, pp_train, pp_to_one_gpu) need two or more"
 fi
 
 echo

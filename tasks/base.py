@@ -6,6 +6,7 @@ groups, linear warmup then cosine decay, the tokenizer carried inside checkpoint
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -90,6 +91,12 @@ class ZooTask(L.LightningModule):
         if parallelize is not None:
             parallelize(self)
 
+    def pipeline_step(self) -> Callable[[ZooTask, dict[str, Any], str], Tensor] | None:
+        """The strategy's ``pipeline_step`` when it runs the model as pipeline stages (trainer=pp:
+        tasks.pipeline; it calls the task's ``pipeline_loss`` on the last stage), else None."""
+        trainer = self._trainer
+        return None if trainer is None else getattr(trainer.strategy, "pipeline_step", None)
+
     @cached_property
     def tokenizer(self) -> Tokenizer:
         if self.tokenizer_json is None:
@@ -135,7 +142,8 @@ class ZooTask(L.LightningModule):
         model's auxiliary losses (an MoE router's, ``ZooModel.aux_losses``) are logged as
         ``<stage>/<name>`` and added to the loss that training minimises; ``<stage>/loss`` stays the
         task's own, comparable across models."""
-        loss = self.model_step(batch, batch_idx, stage)
+        pipeline = self.pipeline_step()
+        loss = self.model_step(batch, batch_idx, stage) if pipeline is None else pipeline(self, batch, stage)
         size = len(batch["input_ids"])
         self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train", batch_size=size)
         for name, value in self.model.aux_losses().items():

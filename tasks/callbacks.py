@@ -9,17 +9,25 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.strategies import DeepSpeedStrategy, ParallelStrategy
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
+from lightning.pytorch.utilities.model_summary.model_summary import ModelSummary as Summary
 from torchmetrics import Metric, MetricCollection
 
 import zoo
 from tasks.errors import DivergedError
+from tasks.parallel_layers import cut_parameters, whole_parameter_count
 
 
 class Throughput(L.Callback):
     """Logs ``perf/tokens_per_s`` and, where the device's peak FLOP/s is known, ``perf/mfu``: model
     FLOPs utilisation, the training FLOPs per token from ``zoo.stats`` (6N plus the attention term,
-    Chowdhery et al. 2022) times tokens per second, over the peak of all devices.
+    Chowdhery et al. 2022, https://arxiv.org/abs/2204.02311) times tokens per second, over the peak of
+    all devices.
+
+    Tokens are the run's: each data-parallel replica's batches once (Lightning's
+    ``distributed_sampler_kwargs``: every process under DDP and FSDP, one tensor-parallel group under
+    trainer=tp, whose ranks read the same batches). FLOPs are the whole model's, a split one's too.
 
     Args:
         peak_flops: peak FLOP/s of one device; None asks Lightning's table of known GPUs for the
@@ -61,17 +69,25 @@ class Throughput(L.Callback):
             return
         self._sync(trainer)
         seconds = time.perf_counter() - self._start
-        world = trainer.world_size
-        metrics = {"perf/tokens_per_s": self._tokens * world / seconds}
-        if self.peak_flops:
-            metrics["perf/mfu"] = self._flop_total / seconds / self.peak_flops
+        replicas = self._replicas(trainer)
+        metrics = {"perf/tokens_per_s": self._tokens * replicas / seconds}
+        if self.peak_flops:  # the FLOPs of all replicas over the peak of all devices
+            metrics["perf/mfu"] = self._flop_total * replicas / trainer.world_size / seconds / self.peak_flops
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
         self._tokens, self._flop_total, self._steps, self._start = 0, 0, 0, time.perf_counter()
 
     def _flops(self, pl_module: L.LightningModule, seq_len: int) -> int:
         if seq_len not in self._flops_per_token:  # the model itself: no meta copy built per new length
-            self._flops_per_token[seq_len] = zoo.stats(pl_module.model, seq_len=seq_len).flops_per_token_train
+            model = pl_module.model  # split by trainer=tp: its config (the layers hold one rank's share)
+            whole = model.config if cut_parameters(model) else model
+            self._flops_per_token[seq_len] = zoo.stats(whole, seq_len=seq_len).flops_per_token_train
         return self._flops_per_token[seq_len]
+
+    @staticmethod
+    def _replicas(trainer: L.Trainer) -> int:
+        """The processes that read different batches."""
+        strategy = trainer.strategy
+        return strategy.distributed_sampler_kwargs["num_replicas"] if isinstance(strategy, ParallelStrategy) else 1
 
     @staticmethod
     def _sync(trainer: L.Trainer) -> None:
@@ -124,10 +140,14 @@ class ModelSummary(RichModelSummary):
     """Lightning's rich model summary without its FLOPs, which count a forward of an example input
     that zoo's tasks do not define (so they always read 0; ``zoo.stats`` gives FLOPs per token), and
     without the train/eval mode of each module, and without the metric collections (no parameters;
-    their values are in the progress bar and metrics.csv); the parameter counts on one line."""
+    their values are in the progress bar and metrics.csv); the parameter counts on one line, a model
+    split by trainer=tp counted whole (``WholeSummary``)."""
 
     def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
-        summary = super()._summary(trainer, pl_module)
+        if isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.zero_stage_3:
+            summary = super()._summary(trainer, pl_module)  # Lightning's summary of its partitioned weights
+        else:
+            summary = WholeSummary(pl_module, max_depth=self._max_depth)
         summary._layer_summary = {
             name: layer
             for name, layer in summary._layer_summary.items()
@@ -167,6 +187,24 @@ class ModelSummary(RichModelSummary):
             + (f", {get_human_readable_count(int(frozen))} frozen" if frozen else "")
             + f"), {get_formatted_model_size(model_size)} MB"
         )
+
+
+class WholeSummary(Summary):
+    """Lightning's model summary with each layer's and the model's parameters counted as one process
+    holds them unsplit (tasks.parallel_layers.whole_parameter_count): under trainer=tp, not this rank's
+    share."""
+
+    @property
+    def param_nums(self) -> list[int]:
+        return [whole_parameter_count(layer._module) for layer in self._layer_summary.values()]
+
+    @property
+    def total_parameters(self) -> int:
+        return whole_parameter_count(self._model)
+
+    @property
+    def trainable_parameters(self) -> int:
+        return whole_parameter_count(self._model, trainable_only=True)
 
 
 class CrashCheckpoint(L.Callback):

@@ -79,8 +79,20 @@ class GeneratorTask(ZooTask):
             metrics.update(logits.float(), batch["labels"])
         return loss
 
+    def pipeline_loss(self, hidden: Tensor, labels: Tensor, stage: str) -> Tensor:
+        """On a pipeline's last stage (trainer=pp): one microbatch's next-token losses, summed (the
+        strategy divides by the batch's label count), from its final hidden states (B, T, D); outside
+        training, the stage's metrics are updated as ``model_step`` updates them."""
+        logits = self.model.logits(hidden)  # (B, T, V)
+        metrics = self.metrics_at(stage)
+        if metrics:
+            metrics.update(logits.float(), labels)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+
     def on_validation_epoch_end(self) -> None:
         if self.tokenizer_json is None or self.trainer.sanity_checking:
+            return
+        if self.pipeline_step() is not None:  # no rank holds the whole model to sample from
             return
         text = self.generate_text(self.sample_prompt, **self.generation_settings())
         self.samples.append(text)

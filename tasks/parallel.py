@@ -1,55 +1,40 @@
-"""Tensor parallelism (``trainer=tp``): every block's attention heads and FFN width split over the
-devices of one node, as Megatron-LM splits them (Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053,
-section 3), on Lightning's ModelParallelStrategy.
+"""Tensor parallelism beside data parallelism (``trainer=tp``), on Lightning's ModelParallelStrategy:
+the devices of one node form a 2-D mesh (data_parallel x tensor_parallel). Each tensor-parallel group of
+``tensor_parallel_size`` ranks holds one copy of the model, every block split over its ranks as Megatron-LM
+splits them (the layers and the plan: tasks.parallel_layers); the groups are data-parallel replicas.
 
-Notation: N ranks (the tensor-parallel degree), r this rank; H, KV as in zoo.attention. The plan, per
-block (``split_model``):
+Notation: N = tensor_parallel_size, R = devices / N replicas. The mesh puts ranks g*N .. g*N + N - 1 in
+group g; rank r of every group forms data-parallel group r.
 
-- attention: the input projections (self-attention's fused ``qkv``, cross-attention's ``q`` and fused
-  ``kv``) are column-parallel: rank r holds query heads r*H/N .. (r+1)*H/N - 1 and the KV/N key/value
-  heads they read (GQA keeps its groups), and attends over them alone; ``out`` is row-parallel: each rank
-  multiplies its heads' columns and the partial outputs are summed over the ranks.
-- FFN (the dense MLPs and GLUs): ``fc`` column-parallel (a GLU's gate and up rows cut alike, so each
-  rank's units keep their pairs), ``proj`` row-parallel.
-- embeddings, norms, the head and the task's own modules: whole on every rank.
+- data: each replica reads its own share of the batches (the data modules shard by replica and replica
+  count, not by global rank); the ranks of one group read the same batches.
+- gradients: after backward, before the hooks that read them, clipping and the step, every gradient is
+  averaged over the data-parallel group (a slice with the same slices of the other replicas), as DDP
+  averages them. Clipping by norm then counts the whole model once: slices summed over the
+  tensor-parallel group only.
+- logging: a value logged with ``sync_dist`` is averaged over all R*N processes, the N copies of each
+  replica's value alike, so it is the mean over the replicas (what DDP logs); ``train/loss`` (not synced)
+  is replica 0's, as under DDP.
+- checkpoints: single files in zoo's layout, written by global rank 0; the slices are gathered over the
+  tensor-parallel group of replica 0 alone (the other replicas hold the same weights and state).
 
-That costs two all-reduces per sublayer and pass: the sum after a row-parallel layer (forward, Megatron's
-g) and the sum of the input's gradient before the column-parallel layers (backward, Megatron's f).
-
-Design. Zoo's fused layers keep their rows segment by segment ([q; k; v], [gate; up]), so a contiguous
-share of the rows would give a rank some q rows and some k rows. Each rank holds instead its slice of
-*every* segment ([q_r; k_r; v_r]) as a plain tensor under zoo's own parameter name, in a layer that knows
-its segments (``ShardedLinear``); attention is told its local head counts (``n_heads``, ``n_kv_heads``).
-The strategy gathers the slices into zoo's full layout when it saves (weights and optimizer state) and
-cuts its slices out of a full checkpoint when it loads, so one file resumes under any number of ranks,
-one process included, and every tool that reads checkpoints reads these.
-
-Why not DTensor parameters (torch.distributed.tensor.parallel's ColwiseParallel and RowwiseParallel)?
-A DTensor's global tensor is its shards in rank order, here [q_0; k_0; v_0; q_1; ...], so checkpoints
-would need the same conversion; and the replicated parameters must stay plain tensors (the tied head
-reads ``embed.weight`` outside any module's forward), while lists mixing DTensors and tensors stop every
-foreach and fused kernel: fused AdamW, clip_grad_norm_, get_total_norm in StopOnNonFinite.
-
-What is whole on every rank but meets only this rank's heads (qk_norm's weights, value_residual's
-lambda) has its gradient summed over the ranks; clipping by norm sums the slices' squares over the ranks.
-Not done: data parallelism beside it (a 2-D mesh), sequence-parallel norms, pipeline stages."""
+Not done: FSDP2 over the data-parallel dimension (each replica holds whole copies of the replicated
+weights and of the optimizer state of its slices), nodes beyond one, pipeline stages."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable
 from datetime import timedelta
-from functools import partial
-from typing import Any, ClassVar
+from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler
@@ -57,190 +42,110 @@ from torch.utils.data import DataLoader, DistributedSampler
 import zoo
 from tasks.base import ZooTask
 from tasks.data.loading import EpochBatchSampler
-from tasks.parallel_checks import check_tensor_parallel, whole_parameters
-from zoo.attention import Attention
-from zoo.sublayer import Sublayer
+from tasks.parallel_checks import check_devices, check_sequence_parallel, check_tensor_parallel
+from tasks.parallel_layers import (
+    ShardedLinear,
+    average_gradients,
+    cut,
+    cut_parameters,
+    grad_norm,
+    join,
+    sharded_tensors,
+    split_model,
+    whole_parameter_count,
+)
+
+__all__ = [
+    "ShardedLinear",
+    "TensorParallelStrategy",
+    "check_tensor_parallel",
+    "cut",
+    "grad_norm",
+    "join",
+    "sharded_tensors",
+    "split_model",
+    "whole_parameter_count",
+]
 
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)  # each entry's update reads its own state
 
 
-def cut(whole: Tensor, segments: Sequence[int], dim: int, rank: int, degree: int) -> Tensor:
-    """Rank ``rank``'s slice of each segment of ``whole`` along ``dim``, in segment order: [q_r; k_r; v_r]."""
-    return torch.cat([part.chunk(degree, dim)[rank] for part in whole.split(list(segments), dim)], dim)
-
-
-def join(slices: Sequence[Tensor], segments: Sequence[int], dim: int) -> Tensor:
-    """The inverse of ``cut``: every rank's slices (in rank order) back in zoo's layout [q; k; v]."""
-    local = [size // len(slices) for size in segments]
-    pieces = [s.split(local, dim) for s in slices]  # [rank][segment]
-    return torch.cat([torch.cat([ranks[i] for ranks in pieces], dim) for i in range(len(segments))], dim)
-
-
-def summed(x: Tensor, group: ProcessGroup) -> Tensor:
-    """A copy of ``x`` summed over the ranks of ``group``."""
-    total = x.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(total, group=group)
-    return total
-
-
-class _ToRanks(torch.autograd.Function):
-    """Megatron's f, before a column-parallel layer: the input as it is; its gradient summed over the ranks."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: ProcessGroup) -> Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return summed(grad, ctx.group), None
-
-
-class _FromRanks(torch.autograd.Function):
-    """Megatron's g, after a row-parallel layer: the ranks' partial outputs summed; the gradient as it is."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: ProcessGroup) -> Tensor:
-        return summed(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
-class ShardedLinear(nn.Linear):
-    """A Linear of which this rank holds its slice of every segment along ``dim`` (``cut``), under the
-    whole layer's parameter names. ``segments``: the whole layer's sizes along ``dim``, in zoo's order."""
-
-    dim: ClassVar[int]  # 0: rows (output features) are cut; 1: columns (input features)
-    split_bias: ClassVar[bool]  # whether the bias is cut too (else it is whole on every rank)
-
-    def __init__(self, whole: nn.Linear, segments: Sequence[int], group: ProcessGroup) -> None:
-        rank, degree = dist.get_rank(group), dist.get_world_size(group)
-        weight = cut(whole.weight.detach(), segments, self.dim, rank, degree)
-        super().__init__(weight.shape[1], weight.shape[0], bias=whole.bias is not None, device="meta")
-        self.group, self.segments, self.rank, self.degree = group, tuple(segments), rank, degree
-        self.weight = nn.Parameter(weight, requires_grad=whole.weight.requires_grad)  # cut made a new tensor
-        if whole.bias is not None:
-            bias = self.part(whole.bias.detach()) if self.split_bias else whole.bias.detach()
-            self.bias = nn.Parameter(bias, requires_grad=whole.bias.requires_grad)
-
-    def split_tensors(self) -> list[str]:
-        """The names of the parameters that are cut (the others are whole on every rank)."""
-        return ["weight", "bias"] if self.split_bias and self.bias is not None else ["weight"]
-
-    def part(self, whole: Tensor) -> Tensor:
-        """This rank's slice of a whole tensor of this layer (weight, bias, or state shaped like them)."""
-        return cut(whole, self.segments, self.dim if whole.dim() > 1 else 0, self.rank, self.degree)
-
-    def whole(self, local: Tensor) -> Tensor:
-        """The whole tensor from every rank's slice (a collective: every rank calls it)."""
-        slices = [torch.empty_like(local) for _ in range(self.degree)]
-        dist.all_gather(slices, local.contiguous(), group=self.group)
-        return join(slices, self.segments, self.dim if local.dim() > 1 else 0)
-
-
-class ColumnParallelLinear(ShardedLinear):
-    dim, split_bias = 0, True
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(_ToRanks.apply(x, self.group), self.weight, self.bias)  # (..., out / N)
-
-
-class RowParallelLinear(ShardedLinear):
-    dim, split_bias = 1, False
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = _FromRanks.apply(F.linear(x, self.weight), self.group)  # (..., out): every rank's share summed
-        return y if self.bias is None else y + self.bias
-
-
-def split_model(model: zoo.ZooModel, group: ProcessGroup) -> None:
-    """Split every block of ``model`` over the ranks of ``group``, in place, by the plan of this module.
-    Every rank must hold the same weights. A model split already is left as it is (Lightning configures
-    the model again for testing)."""
-    if cut_parameters(model):
-        return
-    check_tensor_parallel(model, dist.get_world_size(group))
-    for stack in model.stacks():
-        for block in stack.blocks:
-            for sublayer, _ in block.branches():
-                _split_sublayer(sublayer, group)
-
-
-def _split_sublayer(sublayer: Sublayer, group: ProcessGroup) -> None:
-    """Its residual projections row-parallel, its other Linear layers column-parallel by their segments."""
-    outputs = {id(m) for m in sublayer.residual_projections()}
-    fused = sublayer.fused_segments()
-    for name, child in list(sublayer.named_children()):
-        if not isinstance(child, nn.Linear):
-            continue
-        if id(child) in outputs:
-            layer: ShardedLinear = RowParallelLinear(child, [child.in_features], group)
-        else:
-            layer = ColumnParallelLinear(
-                child, [rows for _, rows in fused.get(name, [(name, child.out_features)])], group
-            )
-        setattr(sublayer, name, layer)
-    if isinstance(sublayer, Attention):
-        degree = dist.get_world_size(group)
-        sublayer.n_heads, sublayer.n_kv_heads = sublayer.n_heads // degree, sublayer.n_kv_heads // degree
-        for param in whole_parameters(sublayer):  # qk_norm, value_residual: each rank saw its heads only
-            param.register_hook(partial(summed, group=group))
-
-
-def sharded_tensors(module: nn.Module) -> dict[str, ShardedLinear]:
-    """Every cut parameter under ``module``, by its name in ``module.state_dict()``, to its layer."""
-    return {
-        f"{prefix}.{name}": layer
-        for prefix, layer in module.named_modules()
-        if isinstance(layer, ShardedLinear)
-        for name in layer.split_tensors()
-    }
-
-
-def cut_parameters(module: nn.Module) -> dict[int, ShardedLinear]:
-    """Every cut parameter under ``module``, by ``id``, to its layer."""
-    return {id(module.get_parameter(name)): layer for name, layer in sharded_tensors(module).items()}
-
-
-def grad_norm(sharded: list[Tensor], whole: list[Tensor], group: ProcessGroup) -> Tensor:
-    """The 2-norm of the whole model's gradient: the slices' squares summed over the ranks, the whole
-    tensors' (the same on every rank) counted once."""
-    device = (sharded or whole)[0].device
-
-    def squares(grads: list[Tensor]) -> Tensor:
-        return torch.nn.utils.get_total_norm(grads).float().square() if grads else torch.zeros((), device=device)
-
-    shards = squares(sharded)
-    dist.all_reduce(shards, group=group)
-    return (shards + squares(whole).to(device)).sqrt()
+def reshard(sampler: DistributedSampler, replicas: int, rank: int) -> None:
+    """Make ``sampler`` give replica ``rank`` of ``replicas`` its share, counted as DistributedSampler's
+    constructor counts it (padded to equal shares, or cut to them with ``drop_last``)."""
+    n = len(sampler.dataset)
+    sampler.num_replicas, sampler.rank = replicas, rank
+    uneven = sampler.drop_last and n % replicas
+    sampler.num_samples = math.ceil((n - replicas) / replicas) if uneven else math.ceil(n / replicas)
+    sampler.total_size = sampler.num_samples * replicas
 
 
 class TensorParallelStrategy(ModelParallelStrategy):
-    """``trainer=tp``: ModelParallelStrategy over the devices of one node, one tensor-parallel group
-    (data_parallel_size 1). ``ZooTask.configure_model`` asks it to split the model (``parallelize``).
+    """``trainer=tp``: ModelParallelStrategy over the devices of one node, as R data-parallel replicas of
+    one tensor-parallel group each. ``ZooTask.configure_model`` asks it to split the model
+    (``parallelize``).
 
-    Checkpoints are single files in zoo's layout, written by rank 0 through the trainer's CheckpointIO
-    and read through it. Every rank reads every batch. Clipping by norm counts every shard once.
+    Args:
+        tensor_parallel_size: ranks per tensor-parallel group, a divisor of ``trainer.devices``; "auto":
+            all of them (one group, no data parallelism).
+        sequence_parallel: keep the activations between sublayers split along the sequence in training
+            (tasks.parallel_layers); the training batches' length must be a multiple of the group size.
+        process_group_backend, timeout: as ModelParallelStrategy's.
     """
 
     def __init__(
-        self, process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout
+        self,
+        tensor_parallel_size: int | Literal["auto"] = "auto",
+        sequence_parallel: bool = False,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
     ) -> None:
+        size = tensor_parallel_size
+        if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise zoo.ConfigError(
+                f"trainer.strategy.tensor_parallel_size={size!r} must be a whole number of devices >= 1, or auto "
+                f"(all trainer.devices in one group)"
+            )
         super().__init__(
-            data_parallel_size=1,
-            tensor_parallel_size="auto",
+            data_parallel_size="auto",
+            tensor_parallel_size=size,
             save_distributed_checkpoint=False,
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        self.tensor_parallel_size, self.sequence_parallel = size, bool(sequence_parallel)
 
-    check_model = staticmethod(check_tensor_parallel)  # asked when a run is composed (tasks.cli.checks)
+    whole_parameter_count = staticmethod(whole_parameter_count)  # the run summary's count (tasks.cli.train)
+
+    @classmethod
+    def check_model(cls, model: zoo.ZooModel, devices: int, **settings: Any) -> None:
+        """Refuse what this strategy cannot run on ``devices`` devices: asked when a run is composed
+        (tasks.cli.checks.check_strategy); ``settings``: the strategy's constructor arguments (the default
+        strategy without them)."""
+        cls(**settings).check(model, devices)
+
+    def check(self, model: zoo.ZooModel, devices: int) -> None:
+        """Raise ConfigError for a model this strategy's groups cannot split on ``devices`` devices."""
+        check_tensor_parallel(model, self.degree(devices))
+        if self.sequence_parallel:
+            check_sequence_parallel(model)
+
+    def degree(self, devices: int) -> int:
+        """The tensor-parallel group size on ``devices`` devices; ConfigError unless it divides them."""
+        degree = devices if self.tensor_parallel_size == "auto" else self.tensor_parallel_size
+        check_devices(devices, degree)
+        return degree
 
     @property
     def group(self) -> ProcessGroup:
+        """This rank's tensor-parallel group."""
         return self.device_mesh["tensor_parallel"].get_group()
+
+    @property
+    def replicas(self) -> tuple[int, int]:
+        """(data-parallel replicas, this rank's replica)."""
+        mesh = self.device_mesh["data_parallel"]
+        return mesh.size(), mesh.get_local_rank()
 
     def connect(self, model: Any) -> None:
         """Refuse, in every process and before any of them waits for the others, what cannot be split."""
@@ -248,15 +153,21 @@ class TensorParallelStrategy(ModelParallelStrategy):
             raise TypeError(f"trainer=tp trains zoo tasks, not {type(model).__name__}")
         if self.num_nodes != 1:
             raise zoo.ConfigError(
-                f"trainer.num_nodes={self.num_nodes}: trainer=tp splits the model over the devices of one node "
-                f"and adds no data parallelism across nodes; set trainer.num_nodes=1, or use trainer=fsdp"
+                f"trainer.num_nodes={self.num_nodes}: trainer=tp lays its mesh over the devices of one node; "
+                f"set trainer.num_nodes=1, or use trainer=fsdp"
             )
         if not cut_parameters(model):  # testing after fitting: split already
-            check_tensor_parallel(model.model, self.num_processes)
+            self.check(model.model, self.num_processes)
         super().connect(model)
 
+    def setup_environment(self) -> None:
+        """The mesh's shape from the devices of the node, before Lightning builds it."""
+        degree = self.degree(self.num_processes)
+        self._tensor_parallel_size, self._data_parallel_size = degree, self.num_processes // degree
+        super().setup_environment()
+
     def parallelize(self, task: ZooTask) -> None:
-        split_model(task.model, self.group)
+        split_model(task.model, self.group, sequence_parallel=self.sequence_parallel)
 
     def setup_optimizers(self, trainer: L.Trainer) -> None:
         super().setup_optimizers(trainer)
@@ -267,18 +178,31 @@ class TensorParallelStrategy(ModelParallelStrategy):
                     f"trainer=tp every rank holds slices of them; choose optimizer=adamw, or trainer=ddp"
                 )
 
-    # ---- every rank reads every batch ---------------------------------------------------------------
+    # ---- data parallelism: each replica its batches, gradients averaged over the replicas -----------
     def process_dataloader(self, dataloader: object) -> object:
-        """The data modules shard by the process group's size (tasks.data.loading.world_rank), which
-        here counts the tensor-parallel ranks: make this loader read the whole split on every rank."""
+        """The data modules shard by the process group's size and rank (tasks.data.loading.world_rank):
+        make this loader read this replica's share instead, the same on every rank of a group."""
+        replicas, replica = self.replicas
         if isinstance(dataloader, DataLoader):
             if isinstance(dataloader.batch_sampler, EpochBatchSampler):
-                dataloader.batch_sampler.world, dataloader.batch_sampler.rank = 1, 0
+                dataloader.batch_sampler.world, dataloader.batch_sampler.rank = replicas, replica
             elif isinstance(dataloader.sampler, DistributedSampler):
-                sampler = dataloader.sampler
-                sampler.num_replicas, sampler.rank = 1, 0
-                sampler.num_samples = sampler.total_size = len(sampler.dataset)
+                reshard(dataloader.sampler, replicas, replica)
         return dataloader
+
+    def optimizer_step(
+        self, optimizer: Optimizer, closure: Any, model: L.LightningModule | None = None, **kwargs: Any
+    ) -> Any:
+        """The step, its closure's backward followed by the mean of every gradient over the replicas:
+        the hooks before the step (StopOnNonFinite), clipping and the optimizer see the averaged ones."""
+
+        def backward_then_average() -> Any:
+            result = closure()
+            grads = [p.grad for p in self.lightning_module.parameters() if p.grad is not None]
+            average_gradients(grads, self.device_mesh["data_parallel"].get_group())
+            return result
+
+        return super().optimizer_step(optimizer, backward_then_average, model, **kwargs)
 
     # ---- clipping by the whole model's norm ---------------------------------------------------------
     @property
@@ -304,7 +228,9 @@ class TensorParallelStrategy(ModelParallelStrategy):
 
     # ---- checkpoints in zoo's layout --------------------------------------------------------------
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The whole model, each cut tensor gathered; on rank 0 (the writer) only."""
+        """The whole model, each cut tensor gathered over replica 0's group; on rank 0 (the writer) only."""
+        if self.replicas[1]:
+            return {}
         layers = sharded_tensors(self.lightning_module)
         state = {
             k: (layers[k].whole(v) if k in layers else v).cpu() for k, v in self.lightning_module.state_dict().items()
@@ -312,7 +238,9 @@ class TensorParallelStrategy(ModelParallelStrategy):
         return state if self.is_global_zero else {}
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer's state as one process would hold it; on rank 0 only."""
+        """The optimizer's state as one process would hold it, gathered as the weights; on rank 0 only."""
+        if self.replicas[1]:
+            return {}
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
         state = self._converted(optimizer, optimizer.state_dict(), lambda layer, v: layer.whole(v).cpu())

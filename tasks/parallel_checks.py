@@ -18,8 +18,9 @@ def check_tensor_parallel(model: zoo.ZooModel, degree: int) -> None:
     for field, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.resolved_n_kv_heads), ("d_ff", cfg.resolved_d_ff)):
         if size % degree:
             raise zoo.ConfigError(
-                f"model.{field}={size} does not split over {degree} tensor-parallel ranks (trainer=tp "
-                f"trainer.devices={degree}); choose a multiple of {degree}, or other trainer.devices"
+                f"model.{field}={size} does not split over {degree} tensor-parallel ranks (trainer=tp: "
+                f"trainer.strategy.tensor_parallel_size, all trainer.devices unless set); choose a multiple of "
+                f"{degree}, or another tensor_parallel_size"
             )
     if cfg.qk_norm != "none" and cfg.qk_norm_scope == "all":
         raise zoo.ConfigError(
@@ -35,6 +36,31 @@ def check_tensor_parallel(model: zoo.ZooModel, degree: int) -> None:
         for block in stack.blocks:
             for sublayer, _ in block.branches():
                 _check_sublayer(sublayer, cfg)
+
+
+def check_devices(devices: int, degree: int) -> None:
+    """Raise ConfigError unless ``devices`` fall into whole tensor-parallel groups of ``degree`` ranks."""
+    if degree < 1 or devices % degree:
+        raise zoo.ConfigError(
+            f"trainer.devices={devices} do not form tensor-parallel groups of trainer.strategy.tensor_parallel_size="
+            f"{degree} (each data-parallel replica is one group); choose devices a multiple of it, or another size"
+        )
+
+
+def check_sequence_parallel(model: zoo.ZooModel) -> None:
+    """Raise ConfigError for a model whose activations ``trainer.strategy.sequence_parallel`` cannot split
+    along the sequence (the length itself is checked at each training batch)."""
+    cfg = model.config
+    if cfg.dropout:
+        raise zoo.ConfigError(
+            f"model.dropout={cfg.dropout}: under trainer.strategy.sequence_parallel=true every rank would drop "
+            f"the same places of its share of the positions; set model.dropout=0, or sequence_parallel=false"
+        )
+    if cfg.form.cross_attention:
+        raise zoo.ConfigError(
+            f"model.arch={cfg.arch!r}: trainer.strategy.sequence_parallel splits a stack's own positions, and "
+            f"cross-attention reads the encoder's whole output; set sequence_parallel=false"
+        )
 
 
 def _check_sublayer(sublayer: nn.Module, cfg: zoo.ModelConfig) -> None:

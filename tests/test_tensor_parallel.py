@@ -1,16 +1,14 @@
 """Tensor parallelism (tasks/parallel.py, ``trainer=tp``): the row layout of the cut layers, the
-refusals, the split model against the whole one on 2 CPU processes (gloo), and zoo-train on 2 processes
-against 1: the same losses, checkpoints that load in one process and resume under tensor parallelism."""
+refusals, the split model against the whole one on 2 CPU processes (gloo), sequence-parallel too, the
+whole model counted by the reports, and zoo-train on 2 processes against 1 and as 2 replicas of a 2-way
+split (4 processes) against DDP on 2: the same losses, checkpoints that load and resume in one process."""
 
 from __future__ import annotations
 
 import copy
-import csv
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -19,10 +17,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from test_tasks import STEPS, TINY
+from parallel_runs import losses, resume_both_ways, train
 
 import zoo
-from tasks import GeneratorTask
+from tasks import GeneratorTask, callbacks
+from tasks.callbacks import Throughput, WholeSummary
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
 from tasks.parallel import (
@@ -34,6 +33,7 @@ from tasks.parallel import (
     join,
     sharded_tensors,
     split_model,
+    whole_parameter_count,
 )
 from zoo.sublayer import Sublayer
 
@@ -113,6 +113,42 @@ def test_the_tp_trainer_composes_into_the_tensor_parallel_strategy():
     assert isinstance(strategy, TensorParallelStrategy) and strategy._save_distributed_checkpoint is False
 
 
+def test_the_group_size_not_the_device_count_must_divide_the_model():
+    """trainer.devices=4 trainer.strategy.tensor_parallel_size=2: two replicas of a model split in two."""
+    model = zoo.create_model("llama-tiny", n_heads=6, n_kv_heads=2, d_model=96, dropout=0.1)  # splits in 2, not 4
+    TensorParallelStrategy.check_model(model, 4, tensor_parallel_size=2)
+    refusals = [
+        ({}, 4, r"^model.n_heads=6 does not split over 4 tensor-parallel ranks"),  # auto: every device
+        ({"tensor_parallel_size": 2}, 3, r"^trainer.devices=3 do not form tensor-parallel groups of .*=2"),
+        ({"tensor_parallel_size": 0}, 2, r"^trainer.strategy.tensor_parallel_size=0 must be"),
+        ({"tensor_parallel_size": 2, "sequence_parallel": True}, 2, r"^model.dropout=0.1: under .*sequence_parallel"),
+    ]
+    for settings, devices, first_words in refusals:
+        with pytest.raises(zoo.ConfigError, match=first_words) as error:
+            TensorParallelStrategy.check_model(model, devices, **settings)
+        assert "\n" not in str(error.value)
+    with pytest.raises(zoo.ConfigError, match=r"^model.arch='encoder_decoder': trainer.strategy.sequence_parallel"):
+        TensorParallelStrategy.check_model(zoo.create_model("t5-tiny", position="rope"), 2, sequence_parallel=True)
+
+
+def test_throughput_counts_each_replicas_tokens_once_and_mfu_over_every_device(monkeypatch):
+    """4 processes as 2 replicas of a 2-way split model: a rank's tokens count twice (the other rank of
+    its group read the same ones), its FLOPs over the peak of 4 devices."""
+    strategy = TensorParallelStrategy(tensor_parallel_size=2)
+    strategy.parallel_devices = [torch.device("cpu")] * 4
+    strategy._device_mesh = {"data_parallel": SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 0)}
+    trainer = SimpleNamespace(world_size=4, strategy=strategy)
+    logged = []
+    task = SimpleNamespace(model=zoo.create_model("gpt-tiny"), log_dict=lambda metrics, **_: logged.append(metrics))
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(perf_counter=iter([0.0, 4.0, 4.0]).__next__))
+    throughput, batch = Throughput(peak_flops=1e9, window=2), {"input_ids": torch.zeros(2, 16, dtype=torch.long)}
+    throughput.on_train_batch_start(trainer, task, batch, 0)
+    for i in range(2):
+        throughput.on_train_batch_end(trainer, task, None, batch, i)
+    flops = zoo.stats(task.model, seq_len=16).flops_per_token_train
+    assert logged == [{"perf/tokens_per_s": 64 * 2 / 4, "perf/mfu": pytest.approx(64 * flops * 2 / 4 / 4 / 1e9)}]
+
+
 # ---- the split model against the whole one, on 2 processes --------------------------------------------
 
 MODELS = {  # every form; GQA, a GLU, qk_norm and value_residual (whole weights that meet one rank's heads)
@@ -134,88 +170,97 @@ def _compare_split_with_whole(rank: int, port: int) -> None:
     try:
         for preset, overrides in MODELS.items():
             whole = zoo.create_model(preset, seed=0, **overrides)
-            model = copy.deepcopy(whole)
-            split_model(model, dist.group.WORLD)
-            layers = sharded_tensors(model)
-            assert layers and all(isinstance(layer, ShardedLinear) for layer in layers.values())
-            inputs = type(whole).example_inputs(whole.config)
-            out, expected = model(**inputs), whole(**inputs)
-            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4, msg=preset)
-            out.square().mean().backward()
-            expected.square().mean().backward()
-            params = dict(model.named_parameters())
-            for name, param in whole.named_parameters():
-                mine = params[name].grad
-                if param.grad is None:  # a part the forward does not use (the pooler)
-                    assert mine is None
-                    continue
-                grad = layers[name].whole(mine) if name in layers else mine
-                torch.testing.assert_close(grad, param.grad, atol=1e-6, rtol=1e-4, msg=f"{preset} {name}")
-            weights = {k: layers[k].whole(v) if k in layers else v for k, v in model.state_dict().items()}
-            assert all(torch.equal(weights[k], v) for k, v in whole.state_dict().items())  # zoo's layout
-            cut_ids = {id(model.get_parameter(k)) for k in layers}
-            trained = [p for p in model.parameters() if p.grad is not None]
-            norm = grad_norm(
-                [p.grad for p in trained if id(p) in cut_ids],
-                [p.grad for p in trained if id(p) not in cut_ids],
-                dist.group.WORLD,
-            )
-            total = torch.nn.utils.get_total_norm([p.grad for p in whole.parameters() if p.grad is not None])
-            torch.testing.assert_close(norm, total, msg=preset)
+            for sequence_parallel in (False, True) if not whole.config.form.cross_attention else (False,):
+                _check_split(whole, sequence_parallel, f"{preset} sequence_parallel={sequence_parallel}")
     finally:
         dist.destroy_process_group()
+
+
+def _check_split(whole: zoo.ZooModel, sequence_parallel: bool, msg: str) -> None:
+    """In training (where sequence parallelism applies) and in evaluation."""
+    whole.zero_grad()
+    model = copy.deepcopy(whole)
+    split_model(model, dist.group.WORLD, sequence_parallel=sequence_parallel)
+    layers = sharded_tensors(model)
+    assert layers and all(isinstance(layer, ShardedLinear) for layer in layers.values())
+    inputs = type(whole).example_inputs(whole.config)
+    out, expected = model(**inputs), whole(**inputs)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4, msg=msg)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))  # a loss of every output
+    (out * probe).mean().backward()
+    (expected * probe).mean().backward()
+    params = dict(model.named_parameters())
+    for name, param in whole.named_parameters():
+        mine = params[name].grad
+        if param.grad is None:  # a part the forward does not use (the pooler)
+            assert mine is None
+            continue
+        grad = layers[name].whole(mine) if name in layers else mine
+        atol = 1e-4 * param.grad.abs().max().item()  # relative to the tensor's scale
+        torch.testing.assert_close(grad, param.grad, atol=atol, rtol=1e-4, msg=f"{msg} {name}")
+    weights = {k: layers[k].whole(v) if k in layers else v for k, v in model.state_dict().items()}
+    assert all(torch.equal(weights[k], v) for k, v in whole.state_dict().items())  # zoo's layout
+    cut_ids = {id(model.get_parameter(k)) for k in layers}
+    trained = [p for p in model.parameters() if p.grad is not None]
+    sharded, rest = [p.grad for p in trained if id(p) in cut_ids], [p.grad for p in trained if id(p) not in cut_ids]
+    total = torch.nn.utils.get_total_norm([p.grad for p in whole.parameters() if p.grad is not None])
+    torch.testing.assert_close(grad_norm(sharded, rest, dist.group.WORLD), total, msg=msg)
+    if sequence_parallel:  # a length the ranks cannot share, refused before any rank waits for the other
+        with pytest.raises(zoo.ConfigError, match=r"^trainer.strategy.sequence_parallel=true: a training batch of 15"):
+            model(**{k: v[:, :15] for k, v in inputs.items()})
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(**inputs), whole.eval()(**inputs), atol=1e-5, rtol=1e-4, msg=msg)
+    whole.train()
+    # the reports count the whole model once, not this rank's share
+    count, length = zoo.count_parameters(whole), inputs["input_ids"].shape[1]
+    assert zoo.count_parameters(model) < count == whole_parameter_count(model)
+    assert (
+        Throughput()._flops(SimpleNamespace(model=model), length)
+        == zoo.stats(whole, seq_len=length).flops_per_token_train
+    )
+    task = L.LightningModule()
+    task.model = model
+    summary = WholeSummary(task, max_depth=1)
+    assert summary.param_nums == [count] and summary.total_parameters == summary.trainable_parameters == count
 
 
 @pytest.mark.slow
 def test_split_models_compute_what_whole_ones_do():
     """Logits, every gradient (cut ones gathered) and the gradient norm, for a decoder, an encoder and an
-    encoder-decoder; the gathered weights are the whole model's, in zoo's layout."""
+    encoder-decoder, each stack's activations split along the sequence too (not the encoder-decoder's);
+    the gathered weights are the whole model's, in zoo's layout; the reports count the whole model."""
     mp.spawn(_compare_split_with_whole, args=(_free_port(),), nprocs=2)
 
 
 # ---- zoo-train: 2 processes against 1 -----------------------------------------------------------------
 
-# GQA (4 heads, 2 KV heads) and a GLU, whose fused rows a plain contiguous cut would mix up
-MODEL = ["model.n_heads=4", "model.n_kv_heads=2", "model/ffn=swiglu", "model.d_ff=64", "model.dropout=0"]
-FASTER = ["trainer.val_check_interval=6", "task.sample_tokens=4"]  # one validation, a short sample
-
-
-def _train(trainer: str, run: Path, *extra: str) -> subprocess.CompletedProcess:
-    tiny = [a for a in TINY["gpt_generator"] if not a.startswith("model.n_heads=")]
-    args = ["experiment=gpt_generator", *tiny, *STEPS, *MODEL, *FASTER, f"hydra.run.dir={run}"]
-    done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli.train", *args, f"trainer={trainer}", *extra],
-        cwd=run.parent,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done
-
-
-def _losses(run: Path) -> dict[int, float]:
-    rows = csv.DictReader((run / "logs" / "metrics.csv").open())
-    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """The same 6 steps in one process and under tensor parallelism on two."""
+    """The same 6 steps in one process and under tensor parallelism on two, sequence-parallel too."""
     root = tmp_path_factory.mktemp("tp")
-    _train("cpu", root / "one", "test=false")
-    _train("tp", root / "tp")  # and tests the best checkpoint: Lightning configures the split model again
-    return {"one": root / "one", "tp": root / "tp"}
+    train("cpu", root / "one", "test=false")
+    train("tp", root / "tp")  # and tests the best checkpoint: Lightning configures the split model again
+    train("tp", root / "sp", "trainer.strategy.sequence_parallel=true", "test=false")
+    return {"one": root / "one", "tp": root / "tp", "sp": root / "sp"}
 
 
 @pytest.mark.slow
 def test_tensor_parallel_training_matches_one_process(runs):
-    one, tp = _losses(runs["one"]), _losses(runs["tp"])
+    one, tp = losses(runs["one"]), losses(runs["tp"])
     assert sorted(tp) == list(range(6))
     assert tp == pytest.approx(one, rel=1e-5)
     header = (runs["tp"] / "logs" / "metrics.csv").read_text().splitlines()[0]
     assert "test/loss" in header
+
+
+@pytest.mark.slow
+def test_sequence_parallel_training_matches_one_process(runs):
+    """Norms and residuals on 16 of the 32 positions per rank in training; validation (and its sampled
+    text, one position at a time) on the whole sequence."""
+    one, sp = losses(runs["one"]), losses(runs["sp"])
+    assert sorted(sp) == list(range(6)) and sp == pytest.approx(one, rel=1e-5)
+    assert losses(runs["sp"], "val/loss") == pytest.approx(losses(runs["one"], "val/loss"), rel=1e-5)
 
 
 @pytest.mark.slow
@@ -238,18 +283,54 @@ def test_a_tensor_parallel_checkpoint_is_a_one_process_checkpoint(runs):
 def test_checkpoints_resume_across_one_process_and_tensor_parallel(runs, tmp_path):
     """Two more steps: under tensor parallelism from the one-process checkpoint, and in one process from
     the tensor-parallel one; weights, optimizer state and schedule come back in either direction."""
-    more = ["trainer.max_steps=8", "test=false"]
-    _train("tp", tmp_path / "tp", f"ckpt_path={runs['one'] / 'checkpoints' / 'last.ckpt'}", *more)
-    _train("cpu", tmp_path / "one", f"ckpt_path={runs['tp'] / 'checkpoints' / 'last.ckpt'}", *more)
-    tp, one = _losses(tmp_path / "tp"), _losses(tmp_path / "one")
-    assert sorted(tp) == sorted(one) == [6, 7]
-    assert tp == pytest.approx(one, rel=1e-5)
+    resume_both_ways("tp", runs, tmp_path)
     weights = [
         torch.load(run / "checkpoints" / "last.ckpt", weights_only=True) for run in (tmp_path / "tp", tmp_path / "one")
     ]
     assert weights[0]["global_step"] == weights[1]["global_step"] == 8
     for name, value in weights[1]["state_dict"].items():
         torch.testing.assert_close(weights[0]["state_dict"][name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+# ---- zoo-train: 2 replicas of a 2-way split model (4 processes) against DDP on 2 ------------------------
+
+MESH = ["trainer.devices=4", "trainer.strategy.tensor_parallel_size=2"]  # 2 KV heads: split in 2, not in 4
+
+
+@pytest.fixture(scope="module")
+def mesh_runs(tmp_path_factory) -> dict[str, Path]:
+    """The same 6 steps under DDP on 2 processes and as 2 replicas of a 2-way split model on 4: replica r
+    reads what DDP's process r reads, and the gradients are averaged alike."""
+    root = tmp_path_factory.mktemp("mesh")
+    train("ddp", root / "ddp", "trainer.accelerator=cpu")
+    train("tp", root / "mesh", *MESH)
+    return {"ddp": root / "ddp", "mesh": root / "mesh"}
+
+
+@pytest.mark.slow
+def test_two_replicas_of_a_split_model_train_as_ddp_on_two_processes(mesh_runs):
+    """Replica 0's training losses (as DDP's rank 0 logs its own) and the validation and test losses
+    averaged over the replicas; the checkpoint, gathered over one group, holds DDP's weights and state."""
+    for metric in ("train/loss", "val/loss", "test/loss"):
+        ddp, mesh = losses(mesh_runs["ddp"], metric), losses(mesh_runs["mesh"], metric)
+        assert ddp and mesh == pytest.approx(ddp, rel=1e-5), metric
+    assert sorted(losses(mesh_runs["mesh"])) == list(range(6))
+    ddp, mesh = (torch.load(mesh_runs[k] / "checkpoints" / "last.ckpt", weights_only=True) for k in ("ddp", "mesh"))
+    assert mesh["state_dict"].keys() == ddp["state_dict"].keys()
+    for name, value in ddp["state_dict"].items():
+        torch.testing.assert_close(mesh["state_dict"][name], value, atol=1e-6, rtol=1e-4, msg=name)
+    for index, state in ddp["optimizer_states"][0]["state"].items():
+        torch.testing.assert_close(mesh["optimizer_states"][0]["state"][index], state, atol=1e-7, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_mesh_checkpoint_resumes_in_one_process(mesh_runs, tmp_path):
+    """Two more steps in one process from either checkpoint: the same losses."""
+    more = ["trainer.max_steps=8", "test=false"]
+    for name in ("ddp", "mesh"):
+        train("cpu", tmp_path / name, f"ckpt_path={mesh_runs[name] / 'checkpoints' / 'last.ckpt'}", *more)
+    ddp, mesh = losses(tmp_path / "ddp"), losses(tmp_path / "mesh")
+    assert sorted(mesh) == [6, 7] and mesh == pytest.approx(ddp, rel=1e-5)
 
 
 def test_zoo_train_refuses_what_tp_cannot_split_before_it_claims_a_run_directory(tmp_path):
@@ -263,3 +344,16 @@ def test_zoo_train_refuses_what_tp_cannot_split_before_it_claims_a_run_directory
         check_composition(cfg)
     assert not (tmp_path / "run").exists()
     check_composition(compose_train("gpt_generator", tmp_path / "run", "trainer=tp"))  # gpt-tiny splits in two
+
+
+def test_zoo_train_checks_the_group_size_when_the_run_is_composed(tmp_path):
+    """tasks.cli.checks.check_strategy hands the strategy its settings: 2 heads split over groups of 2 of
+    the 4 devices, and not over 3 devices."""
+    from test_tasks import compose_train
+
+    from tasks.cli.checks import check_composition
+
+    mesh = ["trainer=tp", "trainer.strategy.tensor_parallel_size=2", "model.n_heads=2"]
+    check_composition(compose_train("gpt_generator", tmp_path / "run", *mesh, "trainer.devices=4"))
+    with pytest.raises(zoo.ConfigError, match=r"^trainer.devices=3 do not form tensor-parallel groups"):
+        check_composition(compose_train("gpt_generator", tmp_path / "run", *mesh, "trainer.devices=3"))

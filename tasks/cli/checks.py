@@ -55,15 +55,17 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
 
 
 def check_strategy(cfg: DictConfig, model: zoo.ModelConfig) -> None:
-    """A strategy class that can refuse a model (``check_model(model, devices)``: trainer=tp's ranks
-    cannot split it) refuses it now, before data is read or a run directory claimed; the model is built
-    on the meta device, so nothing is allocated."""
+    """A strategy class that can refuse a model (``check_model(model, devices, **settings)``, settings: the
+    strategy node's other keys; trainer=tp's groups cannot split it) refuses it now, before data is read or
+    a run directory claimed; the model is built on the meta device, so nothing is allocated."""
     target = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
     devices = OmegaConf.select(cfg, "trainer.devices", default=None)
     check = getattr(get_class(target), "check_model", None) if target else None
     if check is not None and isinstance(devices, int) and devices > 0:
+        settings = OmegaConf.to_container(cfg.trainer.strategy, resolve=True)
+        settings.pop("_target_")
         with torch.device("meta"):
-            check(zoo.build_model(model), devices)
+            check(zoo.build_model(model), devices, **settings)
 
 
 POSITIVE = (

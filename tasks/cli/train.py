@@ -66,6 +66,8 @@ def train_run(cfg: DictConfig) -> float | None:
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
         metrics.update(tested(trainer, task, datamodule, best, plan))
+    # a model split over the ranks (trainer=tp, pp) is counted whole by its strategy, on every rank
+    params = getattr(trainer.strategy, "whole_parameter_count", zoo.count_parameters)(task.model)
     if trainer.is_global_zero:
         score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
         summarize(
@@ -73,7 +75,7 @@ def train_run(cfg: DictConfig) -> float | None:
             best,
             metrics,
             task.model.config,
-            zoo.count_parameters(task.model),
+            params,
             (cfg.monitor.metric, float(score)) if score is not None else None,
         )
     value = metrics.get(cfg.monitor.metric)

@@ -1,0 +1,161 @@
+"""Pipeline parallelism (zoo/pipeline.py, tasks/pipeline.py, ``trainer=pp``): stages chained in one
+process compute the whole model; the refusals; and zoo-train on 2 processes (gloo) against 1: the same
+losses step for step, a checkpoint that is the one-process checkpoint (weights and optimizer state), and
+resumes from one process into pipeline stages and back."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from parallel_runs import losses, resume_both_ways, train
+
+import zoo
+from tasks.cli.schemas import conf_dir
+from tasks.pipeline import PipelineParallelStrategy, _whole_order
+from zoo.pipeline import Stage, check_pipeline, stage_layers, tied_embedding
+
+# ---- the stages, chained in one process ------------------------------------------------------------------
+
+
+def test_blocks_are_cut_into_contiguous_even_runs():
+    assert stage_layers(5, 2) == [range(0, 3), range(3, 5)]
+    assert stage_layers(4, 4) == [range(i, i + 1) for i in range(4)]
+    assert [len(r) for r in stage_layers(10, 3)] == [4, 3, 3]
+    with pytest.raises(zoo.ConfigError, match=r"^model.n_layers=2 cannot be cut into 3 pipeline stages"):
+        stage_layers(2, 3)
+
+
+CHAINS = {  # learned positions and a tied head; RoPE, GQA and an untied head; a window pattern; documents
+    "gpt-tiny": {},
+    "llama-tiny": {"tie_embeddings": False},
+    "llama-tiny window": {"mask": "sliding_window", "window": 4, "window_pattern": "LG"},
+    "gpt-tiny documents": {"mask": "document"},
+}
+
+
+@pytest.mark.parametrize("name", CHAINS)
+def test_stages_chained_compute_the_whole_model(name):
+    """Logits through 3 stages equal the whole model's, with padding (or packed documents), and each
+    stage holds only its blocks, under the whole model's names."""
+    whole = zoo.create_model(name.split()[0], n_layers=5, dropout=0.0, seed=0, **CHAINS[name]).eval()
+    ids = torch.randint(5, whole.config.vocab_size, (2, 12))
+    documents = torch.tensor([[0] * 5 + [1] * 7, [0] * 12]) if "documents" in name else None
+    mask = None if documents is not None else torch.ones_like(ids).index_fill_(1, torch.tensor([0, 1]), 0)
+    stages = [Stage(copy.deepcopy(whole), i, 3) for i in range(3)]
+    x = ids
+    with torch.no_grad():
+        for stage in stages:
+            x = stage(x, mask, documents)
+        expected = whole(ids, mask, document_ids=documents)
+    torch.testing.assert_close(stages[-1].model.logits(x), expected)
+    names = dict(whole.named_parameters())
+    for stage, layers in zip(stages, ([0, 1], [2, 3], [4]), strict=True):
+        held = {n for n, _ in stage.model.named_parameters()}
+        assert held <= set(names)
+        blocks = {int(n.split(".")[2]) for n in held if n.startswith("decoder.blocks.")}
+        assert blocks == set(layers)
+    tied = [tied_embedding(stage) is not None for stage in stages]
+    assert tied == ([True, False, True] if whole.lm_head is None else [False, False, False])
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "words"),
+    [
+        ("llama-tiny", {"value_residual": True}, r"^model.value_residual=true mixes"),
+        ("llama-tiny", {"ffn": "moe", "n_experts": 2}, r"^ffn='moe' adds auxiliary losses"),
+        ("t5-tiny", {}, r"^arch='encoder_decoder': trainer=pp cuts a decoder"),
+        ("gpt-tiny", {"position": "t5_relative"}, r"^position='t5_relative': one learned bias table"),
+        ("gpt-tiny", {"n_layers": 1}, r"^model.n_layers=1 cannot be cut into 2 pipeline stages"),
+    ],
+)
+def test_what_cannot_be_cut_is_refused_in_one_line(preset, overrides, words):
+    with torch.device("meta"):
+        model = zoo.create_model(preset, **overrides)
+    with pytest.raises(zoo.ConfigError, match=words) as caught:
+        check_pipeline(model, 2)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_pp_trainer_composes_and_checks_its_settings():
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer=pp"]).trainer
+    assert cfg.devices == 2
+    strategy = instantiate(cfg.strategy)
+    assert isinstance(strategy, PipelineParallelStrategy) and strategy.schedule == "1f1b"
+    with pytest.raises(zoo.ConfigError, match=r"^trainer.strategy.schedule='zb' is not a pipeline schedule"):
+        PipelineParallelStrategy(schedule="zb")
+    with pytest.raises(zoo.ConfigError, match=r"^trainer.strategy.microbatches=0 must be an integer >= 1"):
+        PipelineParallelStrategy(microbatches=0)
+
+
+def test_the_whole_optimizer_order_is_each_group_in_stage_order_each_name_once():
+    first = [["embed", "b0.w"], ["b0.bias"]]
+    last = [["b1.w", "head"], ["embed", "b1.bias"]]  # a tied copy of the embedding, in the other group
+    assert _whole_order([first, last]) == {"embed": 0, "b0.w": 1, "b1.w": 2, "head": 3, "b0.bias": 4, "b1.bias": 5}
+
+
+def test_zoo_train_refuses_what_pp_cannot_cut_before_it_claims_a_run_directory(tmp_path):
+    from test_tasks import compose_train
+
+    from tasks.cli.checks import check_composition
+
+    cfg = compose_train("gpt_generator", tmp_path / "run", "trainer=pp", "model.value_residual=true")
+    with pytest.raises(zoo.ConfigError, match=r"^model.value_residual=true"):
+        check_composition(cfg)
+    assert not (tmp_path / "run").exists()
+    check_composition(compose_train("gpt_generator", tmp_path / "run", "trainer=pp"))
+
+
+# ---- zoo-train: 2 stages against 1 process ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The same 6 steps in one process, on 2 stages (1F1B, tested after), and on 2 stages of GPipe and
+    of 1F1B with 2 batches accumulated per step against one process accumulating them."""
+    root = tmp_path_factory.mktemp("pp")
+    train("cpu", root / "one", "test=false")
+    train("pp", root / "pp")
+    accumulate = ["trainer.accumulate_grad_batches=2", "trainer.max_steps=3", "test=false"]
+    train("cpu", root / "one_acc", *accumulate)
+    train("pp", root / "gpipe_acc", "trainer.strategy.schedule=gpipe", "trainer.strategy.microbatches=2", *accumulate)
+    return {name: root / name for name in ("one", "pp", "one_acc", "gpipe_acc")}
+
+
+@pytest.mark.slow
+def test_pipeline_training_matches_one_process(runs):
+    one, pp = losses(runs["one"]), losses(runs["pp"])
+    assert sorted(pp) == list(range(6))
+    assert pp == pytest.approx(one, rel=1e-5)
+    assert losses(runs["pp"], "val/loss") == pytest.approx(losses(runs["one"], "val/loss"), rel=1e-5)
+    header = (runs["pp"] / "logs" / "metrics.csv").read_text().splitlines()[0]
+    assert "test/loss" in header and "test/ppl" in header
+    assert losses(runs["gpipe_acc"]) == pytest.approx(losses(runs["one_acc"]), rel=1e-5)
+    counts = [re.findall(r"([\d,]+) parameters", (runs[r] / "stdout.txt").read_text()) for r in ("one", "pp")]
+    assert counts[0] and counts[1] == counts[0]  # the closing table counts the whole model, not a stage
+
+
+@pytest.mark.slow
+def test_a_pipeline_checkpoint_is_a_one_process_checkpoint(runs):
+    one = torch.load(runs["one"] / "checkpoints" / "last.ckpt", weights_only=True)
+    pp = torch.load(runs["pp"] / "checkpoints" / "last.ckpt", weights_only=True)
+    assert pp["state_dict"].keys() == one["state_dict"].keys()
+    for name, value in one["state_dict"].items():
+        torch.testing.assert_close(pp["state_dict"][name], value, atol=1e-6, rtol=1e-4, msg=name)
+    ours, theirs = pp["optimizer_states"][0], one["optimizer_states"][0]
+    assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in theirs["param_groups"]]
+    assert ours["state"].keys() == theirs["state"].keys()
+    for index, state in theirs["state"].items():
+        torch.testing.assert_close(ours["state"][index], state, atol=1e-7, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_checkpoints_resume_across_one_process_and_pipeline_stages(runs, tmp_path):
+    """Two more steps: on stages from the one-process checkpoint, and in one process from the stages'."""
+    resume_both_ways("pp", runs, tmp_path)
