@@ -82,6 +82,7 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         self._schedules: dict[tuple, Any] = {}
         self._loss: tuple[ZooTask, str, Tensor] | None = None  # (task, stage name, divisor) of the running step
         self._grads: list[tuple[Tensor, Tensor]] = []  # the running step's gradients, until ``backward``
+        self._tied_group: dist.ProcessGroup | None = None  # None: the default group (2 stages)
 
     def connect(self, model: Any) -> None:
         """Refuse, in every process and before any of them waits for the others, what cannot be cut."""
@@ -101,9 +102,10 @@ class PipelineParallelStrategy(ModelParallelStrategy):
 
     def parallelize(self, task: ZooTask) -> None:
         """Prune the task's model to this rank's stage (ZooTask.configure_model asks it)."""
-        if self.stage is None:
-            self.stage = Stage(task.model, self.global_rank, self.world_size)
-        ends = [0, self.world_size - 1]
+        if self.stage is not None:  # testing after fitting: cut already
+            return
+        self.stage = Stage(task.model, self.global_rank, self.world_size)
+        ends = [0, self.world_size - 1]  # the ranks of a tied embedding's two copies
         self._tied_group = dist.new_group(ends) if self.world_size > 2 else None  # every rank makes it
 
     # ---- one step: the schedule runs forward and backward -----------------------------------------
