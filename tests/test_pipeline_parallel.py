@@ -159,3 +159,13 @@ def test_a_pipeline_checkpoint_is_a_one_process_checkpoint(runs):
 def test_checkpoints_resume_across_one_process_and_pipeline_stages(runs, tmp_path):
     """Two more steps: on stages from the one-process checkpoint, and in one process from the stages'."""
     resume_both_ways("pp", runs, tmp_path)
+
+
+@pytest.mark.slow
+def test_three_stages_match_one_process(tmp_path):
+    """A middle stage with neither embedding nor head, and a tied embedding summed over the first and the
+    last stage's own process group."""
+    three = ["model.n_layers=3", "trainer.max_steps=3", "test=false"]
+    train("cpu", tmp_path / "one", *three)
+    train("pp", tmp_path / "pp", "trainer.devices=3", *three)
+    assert losses(tmp_path / "pp") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
