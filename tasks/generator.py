@@ -13,6 +13,7 @@ from torchmetrics.text import Perplexity
 import zoo
 from tasks.base import ZooTask
 from tasks.loggers import sample_block
+from tasks.pipeline import PipelineBatch
 
 
 class GeneratorTask(ZooTask):
@@ -78,6 +79,13 @@ class GeneratorTask(ZooTask):
         if metrics:  # perplexity outside training only: no float copy of the logits there
             metrics.update(logits.float(), batch["labels"])
         return loss
+
+    def pipeline_batch(self, batch: dict[str, Tensor]) -> PipelineBatch:
+        """The batch cut for pipeline stages (trainer=pp): token ids in, packed documents' ids to every
+        stage, labels to the last; the loss averages over the labels that count."""
+        extra = {"document_ids": batch["document_ids"]} if batch.get("document_ids") is not None else {}
+        labels = batch["labels"]
+        return PipelineBatch(batch["input_ids"], extra, labels, (labels != -100).sum())
 
     def pipeline_loss(self, hidden: Tensor, labels: Tensor, stage: str) -> Tensor:
         """On a pipeline's last stage (trainer=pp): one microbatch's next-token losses, summed (the

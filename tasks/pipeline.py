@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -42,11 +42,24 @@ from zoo.pipeline import Stage, check_pipeline, tied_embedding
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
+class PipelineBatch(NamedTuple):
+    """A batch as the stages take it (a task's ``pipeline_batch``): ``inputs`` for the first stage
+    (token ids, (B, T)), ``extra`` for every stage (document ids: what its masks need), ``target`` for
+    the last stage's ``pipeline_loss``, and ``items``: how many losses the batch's loss averages."""
+
+    inputs: Tensor
+    extra: dict[str, Tensor]
+    target: Tensor
+    items: Tensor
+
+
 class PipelineParallelStrategy(ModelParallelStrategy):
     """``trainer=pp``: one pipeline stage per device of one node. ``schedule``: gpipe or 1f1b;
     ``microbatches``: how many each batch is cut into (the largest divisor of the batch size up to
     it; at least the number of stages keeps every stage busy in 1F1B, which falls back to GPipe
     for a batch cut into fewer)."""
+
+    task_hooks: ClassVar[tuple[str, ...]] = ("pipeline_batch", "pipeline_loss")  # what a task it trains defines
 
     @classmethod
     def check_model(cls, model: zoo.ZooModel, devices: int, **settings: Any) -> None:
@@ -54,8 +67,6 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         asked when a run is composed (tasks.cli.checks.check_strategy)."""
         cls(**settings)
         check_pipeline(model, devices)
-
-    task_hook: ClassVar[str] = "pipeline_loss"
 
     def __init__(
         self,
@@ -86,10 +97,11 @@ class PipelineParallelStrategy(ModelParallelStrategy):
 
     def connect(self, model: Any) -> None:
         """Refuse, in every process and before any of them waits for the others, what cannot be cut."""
-        if not isinstance(model, ZooTask) or not hasattr(model, self.task_hook):
+        if not isinstance(model, ZooTask) or not all(hasattr(model, hook) for hook in self.task_hooks):
             raise zoo.ConfigError(
-                f"trainer=pp trains tasks with a last-stage loss ({self.task_hook}), such as task=generator, "
-                f"not {type(model).__name__}; use trainer=ddp, fsdp or tp"
+                f"trainer=pp trains tasks that cut their batches and losses into stages "
+                f"({', '.join(self.task_hooks)}), such as task=generator, not {type(model).__name__}; use "
+                f"trainer=ddp, fsdp or tp"
             )
         if self.num_nodes != 1:
             raise zoo.ConfigError(
@@ -111,27 +123,26 @@ class PipelineParallelStrategy(ModelParallelStrategy):
     # ---- one step: the schedule runs forward and backward -----------------------------------------
     def pipeline_step(self, task: ZooTask, batch: dict[str, Tensor], stage: str) -> Tensor:
         """The batch's loss at ``stage`` (train: gradients computed too), the same on every rank."""
-        ids, labels = batch["input_ids"], batch["labels"]
-        extra = {k: batch[k] for k in ("document_ids",) if batch.get(k) is not None}
+        cut = task.pipeline_batch(batch)
         training = stage == "train"
-        divisor = (labels != -100).sum().clamp(min=1).to(torch.float32)
+        divisor = cut.items.clamp(min=1).to(torch.float32)
         if training:
             divisor = divisor * self.lightning_module.trainer.accumulate_grad_batches
         self._loss = (task, stage, divisor)
-        schedule = self._schedule_for(tuple(ids.shape), training)
+        schedule = self._schedule_for(tuple(cut.inputs.shape), training)
         losses: list[Tensor] = []
-        first, last = self.stage.first, self.stage.last
-        args = (ids,) if first else ()
+        last = self.stage.last
+        args, target, extra = (cut.inputs,) if self.stage.first else (), cut.target if last else None, cut.extra
         if training:
             tied = tied_embedding(self.stage)
             earlier = None if tied is None else tied.grad  # this accumulation window's, already summed
             if tied is not None:
                 tied.grad = None
-            schedule.step(*args, target=labels if last else None, losses=losses, return_outputs=False, **extra)
+            schedule.step(*args, target=target, losses=losses, return_outputs=False, **extra)
             self._sum_tied_gradients(earlier)
             self._grads = [(p, p.grad) for p in self.lightning_module.parameters() if p.grad is not None]
         else:
-            schedule.eval(*args, target=labels if last else None, losses=losses, **extra)
+            schedule.eval(*args, target=target, losses=losses, **extra)
         total = torch.stack(losses).sum().detach().float() if last else torch.zeros((), device=self.root_device)
         if training:
             total = total * self.lightning_module.trainer.accumulate_grad_batches
@@ -140,7 +151,7 @@ class PipelineParallelStrategy(ModelParallelStrategy):
 
     def _loss_fn(self, hidden: Tensor, labels: Tensor) -> Tensor:
         task, stage, divisor = self._loss
-        return getattr(task, self.task_hook)(hidden, labels, stage) / divisor
+        return task.pipeline_loss(hidden, labels, stage) / divisor
 
     def _schedule_for(self, shape: tuple[int, ...], training: bool) -> Any:
         """A stage and schedule per batch shape and mode: torch's stages fix their buffers' shapes at
