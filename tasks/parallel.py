@@ -18,8 +18,11 @@ group g; rank r of every group forms data-parallel group r.
 - checkpoints: single files in zoo's layout, written by global rank 0; the slices are gathered over the
   tensor-parallel group of replica 0 alone (the other replicas hold the same weights and state).
 
-Not done: FSDP2 over the data-parallel dimension (each replica holds whole copies of the replicated
-weights and of the optimizer state of its slices), nodes beyond one, pipeline stages."""
+``data_parallel=fsdp`` shards the replicas instead (tasks.parallel_fsdp): each slice, each whole tensor
+and their optimizer state split R ways by FSDP2; the gradients are averaged by its reduce-scatter, and
+checkpoints gather every shard over the replicas before joining the slices as above.
+
+Not done: nodes beyond one, pipeline stages."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 import zoo
 from tasks.base import ZooTask
 from tasks.data.loading import EpochBatchSampler
-from tasks.parallel_checks import check_devices, check_sequence_parallel, check_tensor_parallel
+from tasks.parallel_checks import check_data_parallel, check_devices, check_sequence_parallel, check_tensor_parallel
+from tasks.parallel_fsdp import local, shard_like, shard_replicas, sum_over_group, whole_over_replicas
 from tasks.parallel_layers import (
     ShardedLinear,
     average_gradients,
@@ -90,6 +94,8 @@ class TensorParallelStrategy(ModelParallelStrategy):
             all of them (one group, no data parallelism).
         sequence_parallel: keep the activations between sublayers split along the sequence in training
             (tasks.parallel_layers); the training batches' length must be a multiple of the group size.
+        data_parallel: "replicate": every replica holds its group's slices whole, gradients averaged after
+            backward; "fsdp": the replicas shard them with FSDP2 (tasks.parallel_fsdp).
         process_group_backend, timeout: as ModelParallelStrategy's.
     """
 
@@ -97,6 +103,7 @@ class TensorParallelStrategy(ModelParallelStrategy):
         self,
         tensor_parallel_size: int | Literal["auto"] = "auto",
         sequence_parallel: bool = False,
+        data_parallel: str = "replicate",
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
@@ -113,7 +120,10 @@ class TensorParallelStrategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        check_data_parallel(data_parallel)
         self.tensor_parallel_size, self.sequence_parallel = size, bool(sequence_parallel)
+        self.fsdp = data_parallel == "fsdp"
+        self._group_summed: list[torch.nn.Parameter] = []  # fsdp: summed over the group after backward
 
     whole_parameter_count = staticmethod(whole_parameter_count)  # the run summary's count (tasks.cli.train)
 
@@ -168,6 +178,10 @@ class TensorParallelStrategy(ModelParallelStrategy):
 
     def parallelize(self, task: ZooTask) -> None:
         split_model(task.model, self.group, sequence_parallel=self.sequence_parallel)
+        if self.fsdp:
+            mesh = self.device_mesh["data_parallel"]
+            names = shard_replicas(task, task.model, mesh, sequence_parallel=self.sequence_parallel)
+            self._group_summed = [task.get_parameter(name) for name in names]
 
     def setup_optimizers(self, trainer: L.Trainer) -> None:
         super().setup_optimizers(trainer)
@@ -194,12 +208,17 @@ class TensorParallelStrategy(ModelParallelStrategy):
         self, optimizer: Optimizer, closure: Any, model: L.LightningModule | None = None, **kwargs: Any
     ) -> Any:
         """The step, its closure's backward followed by the mean of every gradient over the replicas:
-        the hooks before the step (StopOnNonFinite), clipping and the optimizer see the averaged ones."""
+        the hooks before the step (StopOnNonFinite), clipping and the optimizer see the averaged ones.
+        With fsdp, backward has averaged them (each rank's shard); the shards that tensor parallelism
+        sums over the group are summed then."""
 
         def backward_then_average() -> Any:
             result = closure()
-            grads = [p.grad for p in self.lightning_module.parameters() if p.grad is not None]
-            average_gradients(grads, self.device_mesh["data_parallel"].get_group())
+            if self.fsdp:
+                sum_over_group(self._group_summed, self.group)
+            else:
+                grads = [p.grad for p in self.lightning_module.parameters() if p.grad is not None]
+                average_gradients(grads, self.device_mesh["data_parallel"].get_group())
             return result
 
         return super().optimizer_step(optimizer, backward_then_average, model, **kwargs)
@@ -222,28 +241,29 @@ class TensorParallelStrategy(ModelParallelStrategy):
         if not params:
             return
         cut_ids = cut_parameters(self.model)
-        sharded = [p.grad for p in params if id(p) in cut_ids]
-        norm = grad_norm(sharded, [p.grad for p in params if id(p) not in cut_ids], self.group)
+        sharded = [local(p.grad) for p in params if id(p) in cut_ids]  # fsdp: this rank's shards of them
+        rest = [local(p.grad) for p in params if id(p) not in cut_ids]
+        replicas = self.device_mesh["data_parallel"].get_group() if self.fsdp else None
+        norm = grad_norm(sharded, rest, self.group, replicas=replicas)
         torch.nn.utils.clip_grads_with_norm_(params, clip_val, norm)
 
     # ---- checkpoints in zoo's layout --------------------------------------------------------------
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The whole model, each cut tensor gathered over replica 0's group; on rank 0 (the writer) only."""
-        if self.replicas[1]:
+        """The whole model, each cut tensor gathered over replica 0's group (fsdp: every tensor over the
+        replicas first, and over every group); on rank 0 (the writer) only."""
+        if self.replicas[1] and not self.fsdp:
             return {}
         layers = sharded_tensors(self.lightning_module)
-        state = {
-            k: (layers[k].whole(v) if k in layers else v).cpu() for k, v in self.lightning_module.state_dict().items()
-        }
+        state = {k: whole(layers.get(k), v) for k, v in self.lightning_module.state_dict().items()}
         return state if self.is_global_zero else {}
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's state as one process would hold it, gathered as the weights; on rank 0 only."""
-        if self.replicas[1]:
+        if self.replicas[1] and not self.fsdp:
             return {}
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
-        state = self._converted(optimizer, optimizer.state_dict(), lambda layer, v: layer.whole(v).cpu())
+        state = self._converted(optimizer, optimizer.state_dict(), lambda p, layer, v: whole(layer, v))
         return state if self.is_global_zero else {}
 
     @property
@@ -256,27 +276,47 @@ class TensorParallelStrategy(ModelParallelStrategy):
         return self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
-        layers = sharded_tensors(self.lightning_module)
-        state = {k: layers[k].part(v) if k in layers else v for k, v in checkpoint["state_dict"].items()}
+        """This rank's slice of each cut tensor (fsdp: and its shard of every tensor)."""
+        layers, current = sharded_tensors(self.lightning_module), self.lightning_module.state_dict()
+        state = {k: part(layers.get(k), v, current.get(k)) for k, v in checkpoint["state_dict"].items()}
         Strategy.load_model_state_dict(self, {"state_dict": state}, strict=strict)
 
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
         saved = zip(self.optimizers, checkpoint["optimizer_states"], strict=False)
-        states = [self._converted(optimizer, state, ShardedLinear.part) for optimizer, state in saved]
+        states = [
+            self._converted(optimizer, state, lambda p, layer, v: part(layer, v, p)) for optimizer, state in saved
+        ]
         Strategy.load_optimizer_state_dict(self, {"optimizer_states": states})
 
     def _converted(
-        self, optimizer: Optimizer, state: dict[str, Any], convert: Callable[[ShardedLinear, Tensor], Tensor]
+        self,
+        optimizer: Optimizer,
+        state: dict[str, Any],
+        convert: Callable[[Tensor, ShardedLinear | None, Tensor], Tensor],
     ) -> dict[str, Any]:
-        """An optimizer state dict of ``optimizer`` with ``convert(layer, tensor)`` applied to every state
-        tensor of a cut parameter (those shaped like it: not the step count)."""
+        """An optimizer state dict of ``optimizer`` with ``convert(param, layer, tensor)`` applied to every
+        state tensor shaped like its parameter (not the step count); ``layer``: the parameter's when it is
+        cut, else None."""
         by_param = cut_parameters(self.model)
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        layers = {i: by_param[id(p)] for i, p in enumerate(params) if id(p) in by_param}
         entries = {}
         for i, entry in state["state"].items():
-            layer = layers.get(i)
+            param = params[i]
+            layer = by_param.get(id(param))
             entries[i] = {
-                k: convert(layer, v) if layer and isinstance(v, Tensor) and v.dim() else v for k, v in entry.items()
+                k: convert(param, layer, v) if isinstance(v, Tensor) and v.dim() else v for k, v in entry.items()
             }
         return {**state, "state": entries}
+
+
+def whole(layer: ShardedLinear | None, value: Tensor) -> Tensor:
+    """A tensor as one process holds it, on the CPU: gathered over the replicas if sharded (fsdp), then
+    joined over the group if ``layer`` cut it. Collectives: every rank calls it."""
+    value = whole_over_replicas(value)
+    return (layer.whole(value) if layer is not None else value).cpu()
+
+
+def part(layer: ShardedLinear | None, value: Tensor, like: Tensor | None) -> Tensor:
+    """The inverse of ``whole``: this rank's slice if ``layer`` cuts it, then its shard if ``like`` (the
+    tensor it replaces) is sharded."""
+    return shard_like(layer.part(value) if layer is not None else value, like)

@@ -47,6 +47,18 @@ def check_devices(devices: int, degree: int) -> None:
         )
 
 
+DATA_PARALLEL = ("replicate", "fsdp")  # trainer.strategy.data_parallel: how the replicas hold the split model
+
+
+def check_data_parallel(mode: object) -> None:
+    """Raise ConfigError unless ``mode`` is one of ``DATA_PARALLEL``."""
+    if mode not in DATA_PARALLEL:
+        raise zoo.ConfigError(
+            f"trainer.strategy.data_parallel={mode!r} must be one of {', '.join(DATA_PARALLEL)} (replicate: whole "
+            f"copies of each slice, fsdp: the replicas shard them)"
+        )
+
+
 def check_sequence_parallel(model: zoo.ZooModel) -> None:
     """Raise ConfigError for a model whose activations ``trainer.strategy.sequence_parallel`` cannot split
     along the sequence (the length itself is checked at each training batch)."""

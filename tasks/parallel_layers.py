@@ -193,7 +193,8 @@ class RowParallelLinear(ShardedLinear):
 def split_model(model: zoo.ZooModel, group: ProcessGroup, *, sequence_parallel: bool = False) -> None:
     """Split every block of ``model`` over the ranks of ``group``, in place, by the plan of this module.
     Every rank must hold the same weights. A model split already is left as it is (Lightning configures
-    the model again for testing)."""
+    the model again for testing). The gradients of ``group_summed_parameters`` are summed over the group
+    by hooks on those parameters (FSDP, which replaces the parameters, drops them: tasks.parallel_fsdp)."""
     if cut_parameters(model):
         return
     check_tensor_parallel(model, dist.get_world_size(group))
@@ -203,12 +204,27 @@ def split_model(model: zoo.ZooModel, group: ProcessGroup, *, sequence_parallel: 
         for block in stack.blocks:
             for sublayer, _ in block.branches():
                 _split_sublayer(sublayer, group, sequence_parallel)
-            if sequence_parallel:  # the norms of the placements meet this rank's positions only
-                for param in _placement_parameters(block):
-                    param.register_hook(partial(summed, group=group))
         if sequence_parallel and len(stack.blocks):
             stack.blocks[0].register_forward_pre_hook(partial(_enter_sequence_parallel, group=group))
             stack.blocks[-1].register_forward_hook(partial(_leave_sequence_parallel, group=group))
+    for param in group_summed_parameters(model, sequence_parallel=sequence_parallel).values():
+        param.register_hook(partial(summed, group=group))
+
+
+def group_summed_parameters(model: zoo.ZooModel, *, sequence_parallel: bool) -> dict[str, nn.Parameter]:
+    """The whole parameters of a split ``model`` that meet this rank's share alone, by name: attention's
+    own (qk_norm, value_residual: this rank's heads) and, with ``sequence_parallel``, the placements'
+    norms and the row-parallel biases (this rank's positions). Their gradients are summed over the group."""
+    chosen: list[nn.Parameter] = []
+    for stack in model.stacks():
+        for block in stack.blocks:
+            for sublayer, _ in block.branches():
+                chosen += whole_parameters(sublayer) if isinstance(sublayer, Attention) else []
+            if sequence_parallel:
+                biases = [m.bias for m in block.modules() if isinstance(m, RowParallelLinear) and m.bias is not None]
+                chosen += _placement_parameters(block) + biases
+    ids = {id(p) for p in chosen if p.requires_grad}
+    return {name: p for name, p in model.named_parameters() if id(p) in ids}
 
 
 def _split_sublayer(sublayer: Sublayer, group: ProcessGroup, sequence_parallel: bool) -> None:
@@ -222,8 +238,6 @@ def _split_sublayer(sublayer: Sublayer, group: ProcessGroup, sequence_parallel: 
             layer: ShardedLinear = RowParallelLinear(
                 child, [child.in_features], group, sequence_parallel=sequence_parallel
             )
-            if sequence_parallel and layer.bias is not None:  # whole, added to this rank's positions only
-                layer.bias.register_hook(partial(summed, group=group))
         else:
             segments = [rows for _, rows in fused.get(name, [(name, child.out_features)])]
             layer = ColumnParallelLinear(child, segments, group, sequence_parallel=sequence_parallel)
@@ -231,8 +245,6 @@ def _split_sublayer(sublayer: Sublayer, group: ProcessGroup, sequence_parallel: 
     if isinstance(sublayer, Attention):
         degree = dist.get_world_size(group)
         sublayer.n_heads, sublayer.n_kv_heads = sublayer.n_heads // degree, sublayer.n_kv_heads // degree
-        for param in whole_parameters(sublayer):  # qk_norm, value_residual: each rank saw its heads only
-            param.register_hook(partial(summed, group=group))
 
 
 def _placement_parameters(block: Block) -> list[nn.Parameter]:
@@ -292,9 +304,12 @@ def whole_parameter_count(module: nn.Module, *, trainable_only: bool = False) ->
     )
 
 
-def grad_norm(sharded: list[Tensor], whole: list[Tensor], group: ProcessGroup) -> Tensor:
+def grad_norm(
+    sharded: list[Tensor], whole: list[Tensor], group: ProcessGroup, *, replicas: ProcessGroup | None = None
+) -> Tensor:
     """The 2-norm of the whole model's gradient: the slices' squares summed over the ranks, the whole
-    tensors' (the same on every rank) counted once."""
+    tensors' (the same on every rank) counted once. ``replicas``: the data-parallel group when each
+    gradient is this rank's shard over it (FSDP: tasks.parallel_fsdp), whose squares are summed over it too."""
     device = (sharded or whole)[0].device
 
     def squares(grads: list[Tensor]) -> Tensor:
@@ -302,7 +317,10 @@ def grad_norm(sharded: list[Tensor], whole: list[Tensor], group: ProcessGroup) -
 
     shards = squares(sharded)
     dist.all_reduce(shards, group=group)
-    return (shards + squares(whole).to(device)).sqrt()
+    total = shards + squares(whole).to(device)
+    if replicas is not None:
+        dist.all_reduce(total, group=replicas)
+    return total.sqrt()
 
 
 BUCKET = 1 << 24  # elements per all-reduce when gradients are averaged (64 MiB of fp32)

@@ -1,7 +1,8 @@
 """Tensor parallelism (tasks/parallel.py, ``trainer=tp``): the row layout of the cut layers, the
 refusals, the split model against the whole one on 2 CPU processes (gloo), sequence-parallel too, the
-whole model counted by the reports, and zoo-train on 2 processes against 1 and as 2 replicas of a 2-way
-split (4 processes) against DDP on 2: the same losses, checkpoints that load and resume in one process."""
+whole model counted by the reports, the replicas sharded by FSDP2 against the whole model (4 processes),
+and zoo-train on 2 processes against 1 and as 2 replicas of a 2-way split (4 processes, whole or sharded)
+against DDP on 2: the same losses, checkpoints that load and resume in one process."""
 
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ def test_the_tp_trainer_composes_into_the_tensor_parallel_strategy():
     assert cfg.devices == 2 and cfg.use_distributed_sampler is False
     strategy = instantiate(cfg.strategy)
     assert isinstance(strategy, TensorParallelStrategy) and strategy._save_distributed_checkpoint is False
+    assert not strategy.fsdp and instantiate(cfg.strategy, data_parallel="fsdp").fsdp  # replicas whole by default
 
 
 def test_the_group_size_not_the_device_count_must_divide_the_model():
@@ -122,6 +124,7 @@ def test_the_group_size_not_the_device_count_must_divide_the_model():
         ({"tensor_parallel_size": 2}, 3, r"^trainer.devices=3 do not form tensor-parallel groups of .*=2"),
         ({"tensor_parallel_size": 0}, 2, r"^trainer.strategy.tensor_parallel_size=0 must be"),
         ({"tensor_parallel_size": 2, "sequence_parallel": True}, 2, r"^model.dropout=0.1: under .*sequence_parallel"),
+        ({"data_parallel": "zero3"}, 2, r"^trainer.strategy.data_parallel='zero3' must be one of replicate, fsdp"),
     ]
     for settings, devices, first_words in refusals:
         with pytest.raises(zoo.ConfigError, match=first_words) as error:
@@ -232,7 +235,18 @@ def test_split_models_compute_what_whole_ones_do():
     mp.spawn(_compare_split_with_whole, args=(_free_port(),), nprocs=2)
 
 
-# ---- zoo-train: 2 processes against 1 -----------------------------------------------------------------
+# ---- the replicas sharded by FSDP2, on 4 processes: 2 replicas of a 2-way split ---------------------------
+
+
+class _Steps(L.LightningModule):
+    """A task as shard_replicas takes one: its model, run by its training step."""
+
+    def __init__(self, model: zoo.ZooModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def training_step(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model(**inputs)
 
 
 @pytest.fixture(scope="module")
@@ -293,44 +307,6 @@ def test_checkpoints_resume_across_one_process_and_tensor_parallel(runs, tmp_pat
 
 
 # ---- zoo-train: 2 replicas of a 2-way split model (4 processes) against DDP on 2 ------------------------
-
-MESH = ["trainer.devices=4", "trainer.strategy.tensor_parallel_size=2"]  # 2 KV heads: split in 2, not in 4
-
-
-@pytest.fixture(scope="module")
-def mesh_runs(tmp_path_factory) -> dict[str, Path]:
-    """The same 6 steps under DDP on 2 processes and as 2 replicas of a 2-way split model on 4: replica r
-    reads what DDP's process r reads, and the gradients are averaged alike."""
-    root = tmp_path_factory.mktemp("mesh")
-    train("ddp", root / "ddp", "trainer.accelerator=cpu")
-    train("tp", root / "mesh", *MESH)
-    return {"ddp": root / "ddp", "mesh": root / "mesh"}
-
-
-@pytest.mark.slow
-def test_two_replicas_of_a_split_model_train_as_ddp_on_two_processes(mesh_runs):
-    """Replica 0's training losses (as DDP's rank 0 logs its own) and the validation and test losses
-    averaged over the replicas; the checkpoint, gathered over one group, holds DDP's weights and state."""
-    for metric in ("train/loss", "val/loss", "test/loss"):
-        ddp, mesh = losses(mesh_runs["ddp"], metric), losses(mesh_runs["mesh"], metric)
-        assert ddp and mesh == pytest.approx(ddp, rel=1e-5), metric
-    assert sorted(losses(mesh_runs["mesh"])) == list(range(6))
-    ddp, mesh = (torch.load(mesh_runs[k] / "checkpoints" / "last.ckpt", weights_only=True) for k in ("ddp", "mesh"))
-    assert mesh["state_dict"].keys() == ddp["state_dict"].keys()
-    for name, value in ddp["state_dict"].items():
-        torch.testing.assert_close(mesh["state_dict"][name], value, atol=1e-6, rtol=1e-4, msg=name)
-    for index, state in ddp["optimizer_states"][0]["state"].items():
-        torch.testing.assert_close(mesh["optimizer_states"][0]["state"][index], state, atol=1e-7, rtol=1e-3)
-
-
-@pytest.mark.slow
-def test_a_mesh_checkpoint_resumes_in_one_process(mesh_runs, tmp_path):
-    """Two more steps in one process from either checkpoint: the same losses."""
-    more = ["trainer.max_steps=8", "test=false"]
-    for name in ("ddp", "mesh"):
-        train("cpu", tmp_path / name, f"ckpt_path={mesh_runs[name] / 'checkpoints' / 'last.ckpt'}", *more)
-    ddp, mesh = losses(tmp_path / "ddp"), losses(tmp_path / "mesh")
-    assert sorted(mesh) == [6, 7] and mesh == pytest.approx(ddp, rel=1e-5)
 
 
 def test_zoo_train_refuses_what_tp_cannot_split_before_it_claims_a_run_directory(tmp_path):
