@@ -56,6 +56,12 @@ def _by_hand(ffn: MoE, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(out).view_as(x)
 
 
+def _losses(module: torch.nn.Module, *args, **kwargs) -> dict[str, torch.Tensor]:
+    """The aux losses of one forward of ``module`` (a model or an FFN) on these arguments."""
+    module(*args, **kwargs)
+    return module.aux_losses()
+
+
 def _perturb_biases(ffn: MoE) -> None:
     with torch.no_grad():
         for name, p in ffn.named_parameters():
@@ -139,8 +145,7 @@ def test_an_onnx_export_routes_every_input_as_pytorch_does(tmp_path):
 def test_the_losses_are_their_formulas_times_their_coefficients():
     ffn = _moe(moe_top_k=2, moe_aux_loss_coef=0.3, moe_z_loss_coef=0.02)
     x = torch.randn(2, 11, 32)
-    ffn(x)
-    losses = ffn.aux_losses()
+    losses = _losses(ffn, x)
     logits = ffn.router(x.reshape(-1, 32))  # (N, E)
     probs = logits.softmax(-1)
     chosen = probs.topk(2, dim=-1).indices  # (N, 2)
@@ -157,8 +162,7 @@ def test_uniform_routing_has_balance_loss_one_and_z_loss_log_e_squared():
     ffn = _moe(moe_aux_loss_coef=1.0, moe_z_loss_coef=1.0)
     with torch.no_grad():
         ffn.router.weight.zero_()  # every expert equally probable
-    ffn(torch.randn(1, 8, 32))
-    losses = ffn.aux_losses()
+    losses = _losses(ffn, torch.randn(1, 8, 32))
     torch.testing.assert_close(losses["moe_aux_loss"], torch.tensor(1.0))
     torch.testing.assert_close(losses["moe_z_loss"], torch.tensor(math.log(4) ** 2))
 
@@ -169,15 +173,39 @@ def test_uniform_routing_has_balance_loss_one_and_z_loss_log_e_squared():
 def test_a_loss_whose_coefficient_is_zero_is_left_out(aux, z, names):
     ffn = _moe(moe_aux_loss_coef=aux, moe_z_loss_coef=z)
     assert ffn.aux_losses() == {}  # no forward yet
-    ffn(torch.randn(1, 5, 32))
-    assert set(ffn.aux_losses()) == names
+    assert set(_losses(ffn, torch.randn(1, 5, 32))) == names
+
+
+def test_padding_at_the_end_leaves_the_losses_of_the_rows_cut_before_it():
+    model = tiny_model(ffn="moe", moe_aux_loss_coef=0.3, moe_z_loss_coef=0.02)
+    ids, mask = torch.randint(5, 61, (3, 9)), torch.ones(3, 9, dtype=torch.long)
+    padded = _losses(model, ids, mask.index_fill(1, torch.arange(6, 9), 0))  # causal: no real position sees a pad
+    cut, plain, unpadded = _losses(model, ids[:, :6]), _losses(model, ids), _losses(model, ids, mask)
+    for name in ("moe_aux_loss", "moe_z_loss"):
+        torch.testing.assert_close(padded[name], cut[name])
+        assert not torch.allclose(padded[name], plain[name]) and torch.equal(unpadded[name], plain[name])
+
+
+@pytest.mark.parametrize("static", [False, True])  # a static cache's padding mask covers every slot
+def test_each_layers_losses_are_those_of_its_real_new_tokens_alone(static):
+    """A left-padded prompt into a KV cache, then one token per row: each FFN counts the real ones only."""
+    model = tiny_model(ffn="moe", moe_aux_loss_coef=0.3, moe_z_loss_coef=0.02)
+    ids, mask = torch.randint(5, 61, (3, 7)), (torch.arange(7) >= torch.tensor([[0], [3], [5]])).long()  # left pads
+    slots, cache, seen = torch.cat([mask, torch.ones(3, 9).long()], 1), model.new_cache(16, static=static), []
+    for block in model.decoder.blocks:  # each FFN and its input (B, T, D)
+        block.ffn.register_forward_pre_hook(lambda ffn, args: seen.append((ffn, args[0])))
+    for new, keys, keep in [(ids, mask, mask), (ids[:, :1], slots[:, :8], slots[:, 7:8])]:
+        seen.clear()
+        got = _losses(model, new, slots if static else keys, cache=cache)
+        alone = [_losses(ffn, h[keep.bool()][None]) for ffn, h in list(seen)]
+        for name in ("moe_aux_loss", "moe_z_loss"):
+            torch.testing.assert_close(got[name], sum(layer[name] for layer in alone))
 
 
 def test_the_model_sums_each_loss_over_its_layers():
     model = tiny_model(ffn="moe", n_layers=3)
-    model(torch.randint(0, 61, (2, 9)))
+    total = _losses(model, torch.randint(0, 61, (2, 9)))
     per_layer = [block.ffn.aux_losses() for block in model.decoder.blocks]
-    total = model.aux_losses()
     assert set(total) == {"moe_aux_loss", "moe_z_loss"}
     for name, value in total.items():
         torch.testing.assert_close(value, sum(layer[name] for layer in per_layer))
@@ -287,13 +315,17 @@ def test_lora_adapts_attention_and_leaves_the_experts_frozen():
     model = zoo.adapters.apply(tiny_model(ffn="moe"), rank=2, targets=("q", "v"))
     trainable = zoo.adapters.trainable_parameters(model)
     assert trainable and all(".lora_" in name for name in trainable)
-    with pytest.raises(zoo.ConfigError) as error:
-        zoo.adapters.apply(tiny_model(ffn="moe"), targets=("ffn",))
-    assert "\n" not in str(error.value) and "'ffn' selects no layer" in str(error.value)
+    with pytest.raises(zoo.ConfigError, match="'ffn' selects no layer") as error:
+        zoo.adapters.apply(tiny_model(ffn="moe", moe_shared_expert=True), targets=("ffn",))
+    message, targets, extra = str(error.value), (r".*ffn\.router", r".*ffn\.shared\.(fc|proj)"), (r".*ffn\.experts",)
+    assert "\n" not in message and all(f"'{p}'" in message for p in targets + extra)  # and what it names works:
+    model = zoo.adapters.apply(tiny_model(ffn="moe", moe_shared_expert=True), targets=targets, trainable=extra)
+    names = {name.split(".ffn.")[1].split(".lora_")[0] for name in zoo.adapters.trainable_parameters(model)}
+    assert names == {"router", "shared.fc", "shared.proj", "experts.fc.weight", "experts.proj.weight"}
 
 
 # ---- counting ------------------------------------------------------------------------------------
-def test_stats_count_total_and_active_parameters():
+def test_stats_count_total_and_active_parameters(monkeypatch):
     cfg = tiny_config(ffn="moe", n_experts=8, moe_top_k=2, n_layers=3)
     s = zoo.stats(cfg)
     per_expert = 3 * 32 * 48  # gate, up and down of width 48
@@ -302,6 +334,8 @@ def test_stats_count_total_and_active_parameters():
     assert dense.active_params == dense.params
     shared = zoo.stats(cfg.replace(moe_shared_expert=True))
     assert shared.active_params - s.active_params == shared.params - s.params == 3 * per_expert
+    monkeypatch.setattr(zoo.ffn.SwiGLU, "inactive_parameters", lambda self: 7)  # stats asks every sublayer
+    assert zoo.stats(tiny_config(ffn="swiglu")).active_params == dense.params - 2 * 7
 
 
 def test_forward_flops_are_those_of_the_active_parameters():

@@ -14,13 +14,15 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 import zoo
-from zoo.quantize import Int8Linear
+from zoo.moe import ExpertLinear
+from zoo.quantize import Int8ExpertLinear, Int8Linear
 
 FORMS = {
     "decoder": {},
     "encoder_decoder": {},
     "decoder_untied": {"tie_embeddings": False},
     "llama_like": {"position": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_heads": 2},
+    "moe": {"ffn": "moe", "n_experts": 4, "moe_shared_expert": True, "bias": True},
 }
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "quantize.py"
 
@@ -74,6 +76,35 @@ def test_int8_replaces_every_linear_and_keeps_the_embedding_float():
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     assert model.lm_head is not None  # the tied head became a packed copy of the embedding
     assert model.embed.weight.dtype == torch.float32 and torch.equal(model.embed.weight, table)
+
+
+def test_int8_stores_the_stacked_experts_in_int8_and_their_logits_stay_close():
+    model = _model(FORMS["moe"])
+    ids = torch.randint(5, 61, (2, 8), generator=torch.Generator().manual_seed(0))
+
+    def expert_bytes() -> int:
+        return sum(t.nbytes for name, t in model.state_dict().items() if ".experts." in name)
+
+    float_bytes = expert_bytes()
+    with torch.no_grad():
+        before = model(ids)
+        zoo.quantize(model, "int8")
+        after = model(ids)
+    experts = model.decoder.blocks[0].ffn.experts
+    assert experts.fc.weight.dtype == experts.proj.weight.dtype == torch.int8
+    assert expert_bytes() < 0.3 * float_bytes  # 1 byte a weight (from 4), a 2-byte scale a row, float biases
+    assert (after - before).abs().max() < 0.1 * before.abs().max()  # the encoder's bound, below
+
+
+def test_int8_experts_compute_each_experts_rounded_weights():
+    stack = ExpertLinear(3, 40, 24, bias=True, std=0.5)
+    int8 = Int8ExpertLinear(stack)
+    x = torch.randn(5, 40)
+    for e in range(3):
+        rounded = int8.weight[e].float() * int8.scale[e].float()[:, None]  # (24, 40) what it holds
+        w = stack.weight[e].detach()
+        assert (rounded - w).abs().max() <= w.abs().max() * (1 / 254 + 1 / 256)  # as Int8Linear's
+        torch.testing.assert_close(int8(x, e), F.linear(x, rounded, stack.bias[e].detach()))
 
 
 def test_encoder_quantizes_and_stays_close():

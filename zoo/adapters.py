@@ -196,10 +196,11 @@ def resolve_targets(model: nn.Module, targets: Sequence[str]) -> dict[str, list[
             close = difflib.get_close_matches(target, TARGETS, n=1, cutoff=0.5)
             hint = f" Did you mean {close[0]!r}?" if close and close[0] != target else ""
             examples = [f"{n}.{segs[-1][0]}" if len(segs) > 1 else n for n, (_, _, segs) in layers.items()][:2]
+            notes = dict.fromkeys(m.adapter_note() for m in model.modules() if isinstance(m, Sublayer))
             raise ConfigError(
                 f"targets: {target!r} selects no layer of this {type(model).__name__}; valid names: "
                 f"{', '.join(TARGETS)}, or a regex over layer names such as {' or '.join(map(repr, examples))}."
-                f"{hint}"
+                f"{hint}{''.join(f' {note}.' for note in notes if note)}"
             )
     return {name: [s for s, _ in layers[name][2] if s in segs] for name, segs in chosen.items()}
 

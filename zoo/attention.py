@@ -60,6 +60,7 @@ class AttentionInputs:
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) for q and k
     flex: FlexMods | None = None  # set instead of mask / is_causal for layers that read them (reads_flex_mods)
     carried: dict[str, Tensor] = dataclasses.field(default_factory=dict)  # what a layer leaves for later ones
+    keep: Tensor | None = None  # (B, T) bool, False: a padded new position; None: no padding (for reads_padding)
 
     def for_last_keys(self, n_keys: int) -> AttentionInputs:
         """These inputs over the last ``n_keys`` keys only: the mask's columns are the positions

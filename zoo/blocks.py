@@ -66,7 +66,9 @@ class Block(nn.Module):
         x = self.attn_res(x, lambda h: drop(self.attn(h, inputs, cache=self_cache)))
         if self.cross_attn is not None:
             x = self.cross_res(x, lambda h: drop(self.cross_attn(h, memory_inputs, cache=cross_cache, memory=memory)))
-        return self.ffn_res(x, lambda h: drop(self.ffn(h)))
+        reads = isinstance(self.ffn, Sublayer) and self.ffn.reads_padding  # a plugin's FFN may be any Module
+        ffn = (lambda h: self.ffn(h, keep=inputs.keep)) if reads else self.ffn
+        return self.ffn_res(x, lambda h: drop(ffn(h)))
 
     def branches(self) -> list[tuple[Sublayer, Placement]]:
         """Each residual branch as (its sublayer, its placement), in forward order: what init asks
@@ -224,9 +226,10 @@ class Stack(nn.Module):
             for mask in (self.mask, self.global_mask if any(self.global_layers) else None)
         )
         local.rotary = self.position.rotary(position_ids)
+        local.keep = None if (keep := _padding(padding_mask)) is None else keep[:, q_pos]  # (B, T) new positions
         if wide is not None:  # what layers carry (value_residual) is shared; rotary, unless set apart (ModernBERT)
             rotary = self.position.global_rotary(position_ids, local.rotary)
-            wide = dataclasses.replace(wide, rotary=rotary, carried=local.carried)
+            wide = dataclasses.replace(wide, rotary=rotary, carried=local.carried, keep=local.keep)
         memory_inputs = None
         if blocks and blocks[0].cross_attn is not None:
             keep = _padding(memory_mask)

@@ -21,7 +21,9 @@ token instead, weighting the unchosen ones by 0: the same outputs at E / k times
 
 The router's losses of the last forward, weighted by their coefficients, are what ``aux_losses``
 returns (the task adds them to the training loss; a coefficient of 0 leaves its loss out). Both are
-over every position of the batch: the FFN sees no padding mask, so padded positions count too.
+over the batch's real positions: the block passes the keep-mask of its new positions
+(``AttentionInputs.keep``, ``reads_padding``), and padded ones, routed like the others (their outputs
+are never used), count in neither f_e, P_e nor the z-loss's mean.
 
 - ``moe_aux_loss``: load balancing, E * sum_e f_e P_e, f_e the fraction of the N * k assignments that
   went to expert e, P_e the mean router probability of e (Switch Transformer, Fedus et al. 2021,
@@ -50,7 +52,8 @@ class ExpertLinear(nn.Module):
 
     A leaf module with ``reset_parameters``, so ``ZooModel.init_weights`` redraws it as it draws an
     ``nn.Linear``: weight normal(0, ``std``) (the config's ``init_std``), bias zero. It is not an
-    ``nn.Linear``: LoRA and the int8 quantizer, which act on those, leave it alone."""
+    ``nn.Linear``: LoRA, which acts on those, leaves it alone (``MoE.adapter_note``); the int8 quantizer
+    stores it as ``zoo.quantize.Int8ExpertLinear``."""
 
     def __init__(self, n: int, in_features: int, out_features: int, *, bias: bool, std: float) -> None:
         super().__init__()
@@ -98,6 +101,7 @@ class MoE(Sublayer):
     """Top-k routed SwiGLU experts, dropless, with an optional shared expert (see the module docstring)."""
 
     gated: ClassVar[bool] = True  # its experts are GLUs: d_ff resolves as for swiglu
+    reads_padding: ClassVar[bool] = True  # its losses skip padded positions
     reads: ClassVar[frozenset[str]] = frozenset(
         {"n_experts", "moe_top_k", "moe_renormalize", "moe_shared_expert", "moe_aux_loss_coef", "moe_z_loss_coef"}
     )
@@ -169,6 +173,14 @@ class MoE(Sublayer):
         (``zoo.stats`` counts the rest as active)."""
         return (self.n_experts - self.top_k) * self.experts.per_expert()
 
+    def adapter_note(self) -> str:
+        """Where LoRA reaches: the experts are stacked tensors, not ``nn.Linear`` layers."""
+        shared = r", the shared expert '.*ffn\.shared\.(fc|proj)'" if self.shared is not None else ""
+        return (
+            "ffn=moe's experts are stacked (E, out, in) weights that LoRA cannot wrap: target its router "
+            rf"'.*ffn\.router'{shared}, or train the experts whole with trainable=['.*ffn\.experts']"
+        )
+
     def aux_losses(self) -> dict[str, Tensor]:
         return dict(self._losses)
 
@@ -185,8 +197,9 @@ class MoE(Sublayer):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return probs, weights, chosen
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (B, T, D) -> (B, T, D); keeps the router's weighted losses for ``aux_losses``."""
+    def forward(self, x: Tensor, keep: Tensor | None = None) -> Tensor:
+        """x: (B, T, D) -> (B, T, D); keeps the router's weighted losses for ``aux_losses``, over the
+        positions that ``keep`` (B, T) marks True (None: all)."""
         flat = x.reshape(-1, x.shape[-1])  # (N, D)
         logits = self.router(flat)  # (N, E)
         probs, weights, chosen = self.route(logits)
@@ -195,7 +208,8 @@ class MoE(Sublayer):
         out = dispatch(flat, weights, chosen, counts)
         if self.shared is not None:
             out = out + self.shared(flat)
-        self._losses = self._router_losses(logits, probs, counts) if flat.shape[0] else {}
+        kept = None if keep is None else keep.reshape(-1).to(probs.dtype)  # (N,) 1 = a real position
+        self._losses = self._router_losses(logits, probs, chosen, counts, kept) if flat.shape[0] else {}
         return out.view_as(x)
 
     def _dispatch(self, x: Tensor, weights: Tensor, chosen: Tensor, counts: Tensor) -> Tensor:
@@ -222,16 +236,27 @@ class MoE(Sublayer):
             out = out + gates[:, e, None] * self.experts(x, e)  # (N, D)
         return out
 
-    def _router_losses(self, logits: Tensor, probs: Tensor, counts: Tensor) -> dict[str, Tensor]:
-        """The weighted load-balancing and z-losses (module docstring), those whose coefficient is not 0."""
+    def _router_losses(
+        self, logits: Tensor, probs: Tensor, chosen: Tensor, counts: Tensor, kept: Tensor | None
+    ) -> dict[str, Tensor]:
+        """The weighted load-balancing and z-losses (module docstring), those whose coefficient is not 0,
+        over the positions where ``kept`` (N,) is 1 (None: every position). Padded positions are
+        weighted by 0, not selected out, so a traced graph has no shape that depends on the padding."""
+        n = None if kept is None else kept.sum().clamp(min=1)  # real positions (all padded: losses 0)
         losses = {}
         if self.aux_loss_coef:
-            share = counts.to(probs.dtype) / counts.sum()  # f_e: (E,) fraction of the assignments
-            balance = self.n_experts * (share * probs.mean(dim=0)).sum()  # E * sum_e f_e P_e
+            if kept is None:
+                share = counts.to(probs.dtype) / counts.sum()  # f_e: (E,) fraction of the assignments
+                mean_probs = probs.mean(dim=0)  # P_e: (E,)
+            else:
+                picks = F.one_hot(chosen, self.n_experts).sum(dim=1).to(probs.dtype)  # (N, E) picks per expert
+                share = (picks * kept[:, None]).sum(dim=0) / (n * self.top_k)
+                mean_probs = (probs * kept[:, None]).sum(dim=0) / n
+            balance = self.n_experts * (share * mean_probs).sum()  # E * sum_e f_e P_e
             losses["moe_aux_loss"] = self.aux_loss_coef * balance
         if self.z_loss_coef:
-            z = torch.logsumexp(logits.float(), dim=-1).square().mean()
-            losses["moe_z_loss"] = self.z_loss_coef * z
+            z = torch.logsumexp(logits.float(), dim=-1).square()  # (N,)
+            losses["moe_z_loss"] = self.z_loss_coef * (z.mean() if kept is None else (z * kept).sum() / n)
         return losses
 
     def extra_repr(self) -> str:

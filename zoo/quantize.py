@@ -7,7 +7,9 @@ bound by memory traffic: weights stored in fewer bytes decode faster. ``weights`
 - ``int8``: every ``nn.Linear`` (attention q/k/v/out, FFN, pooler, LM head) with int8 weights and one
   scale per output row, weight-only. On the CPU an :class:`Int8Linear` over PyTorch's own int8
   weight-only kernel (``torch._weight_int8pack_mm``, bfloat16 activations); on CUDA torchao's
-  ``Int8WeightOnlyConfig``.
+  ``Int8WeightOnlyConfig``. A mixture of experts' stacked experts (``zoo.moe.ExpertLinear``) become
+  :class:`Int8ExpertLinear` on either device: one scale per output row per expert, an expert's rows
+  dequantised when it runs.
 - ``int4``: CUDA only, torchao's ``Int4WeightOnlyConfig`` (groups of 128, the tinygemm kernel of
   core PyTorch, bfloat16 activations; the model is cast to bfloat16 first).
 
@@ -43,6 +45,7 @@ from torch import Tensor, nn
 
 from zoo.adapters import adapted_layers
 from zoo.kv_cache import check_kv_dtype
+from zoo.moe import ExpertLinear
 from zoo.registry import ConfigError, Registry
 
 WEIGHTS: Registry[Callable[[nn.Module], None]] = Registry("weight precision")
@@ -127,6 +130,7 @@ def _int8(model: nn.Module) -> None:
             f"weights='int8' has no kernel on {device.type!r}; it runs on 'cpu' (PyTorch's int8 "
             "weight-only matmul) and 'cuda' (torchao); weights='bf16' works on every device"
         )
+    _int8_experts(model)  # after a refusal, so a refused model is unchanged
 
 
 @WEIGHTS.register("int4")
@@ -172,6 +176,37 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.packed}"
+
+
+class Int8ExpertLinear(nn.Module):
+    """``zoo.moe.ExpertLinear`` with int8 weights (E, out, in) and one scale per output row per expert
+    (E, out), symmetric absmax as in :class:`Int8Linear`. ``forward(x, expert)`` dequantises that
+    expert's (out, in) rows to the input's dtype and multiplies: memory shrinks, the matmul does not."""
+
+    def __init__(self, experts: ExpertLinear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = experts.in_features, experts.out_features
+        weight = experts.weight.detach().float()  # (E, out, in)
+        scale = weight.abs().amax(dim=2).clamp(min=torch.finfo(torch.float32).tiny) / 127  # (E, out)
+        self.register_buffer("weight", (weight / scale[..., None]).round().to(torch.int8))
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.register_buffer("bias", None if experts.bias is None else experts.bias.detach().clone())  # (E, out)
+
+    def forward(self, x: Tensor, expert: int) -> Tensor:
+        """x: (n, in) rows sent to ``expert`` -> (n, out)."""
+        weight = self.weight[expert].to(x.dtype) * self.scale[expert, :, None].to(x.dtype)  # (out, in)
+        return F.linear(x, weight, None if self.bias is None else self.bias[expert].to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]} x ({self.in_features} -> {self.out_features}), bias={self.bias is not None}"
+
+
+def _int8_experts(model: nn.Module) -> None:
+    """Every stacked expert layer becomes an Int8ExpertLinear (plain tensors: any device)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is ExpertLinear:
+                setattr(module, name, Int8ExpertLinear(child))
 
 
 def _cpu_int8(model: nn.Module) -> None:

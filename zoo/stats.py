@@ -3,7 +3,7 @@
 Parameters are counted exactly on a meta-device copy, so a 70B preset costs no memory. A
 mixture-of-experts model (``ffn=moe``) has fewer *active* parameters than parameters: one token
 passes its router, its top-k experts and the shared expert, not the other experts
-(``MoE.inactive_parameters``); a dense model's are all active.
+(``Sublayer.inactive_parameters``, summed over the sublayers); a dense model's are all active.
 FLOPs follow Chowdhery et al. 2022 (PaLM, appendix B): a forward pass costs 2 FLOPs per active matmul
 weight per token plus 4 * layers * seq_len * (heads * head_dim) for the score and value products;
 training (forward + backward) is 3x the forward. KV-cache bytes are
@@ -22,8 +22,8 @@ from torch import nn
 from zoo.config import ModelConfig
 from zoo.kv_cache import check_kv_dtype, value_bytes
 from zoo.models import ZooModel, build_model, count_parameters
-from zoo.moe import MoE
 from zoo.presets import get_config
+from zoo.sublayer import Sublayer
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def stats(
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     embedding -= sum(stack.position.attention_table_params() for stack in model.stacks())
     non_embedding = params - embedding
-    inactive = sum(m.inactive_parameters() for m in model.modules() if isinstance(m, MoE))
+    inactive = sum(m.inactive_parameters() for m in model.modules() if isinstance(m, Sublayer))
     form = cfg.form  # what differs between the forms: its head, its attention and cached layers
     tied_head = form.has_vocab_head(cfg) and cfg.tie_embeddings
     head = cfg.vocab_size * cfg.d_model if tied_head else 0  # tied: a matmul, no new weight

@@ -16,10 +16,23 @@ class Sublayer(nn.Module):
     """A residual branch of a block: :class:`zoo.attention.Attention`, :class:`zoo.ffn.MLP`."""
 
     score_segments: ClassVar[frozenset[str]] = frozenset({"q", "k"})  # rows that only form attention scores
+    # True: forward takes keep=, the (B, T) keep-mask of the new positions (None: nothing padded), as
+    # Block.forward passes it from AttentionInputs.keep (an MoE router's losses skip the padding)
+    reads_padding: ClassVar[bool] = False
 
     def residual_projections(self) -> list[nn.Linear]:
         """The layers that write into the residual stream (init scales them down with depth)."""
         return []
+
+    def inactive_parameters(self) -> int:
+        """Parameters that one token does not use (an MoE's unchosen experts); ``zoo.stats`` counts
+        the rest as active."""
+        return 0
+
+    def adapter_note(self) -> str:
+        """What an adapter's refusal adds when a target selects no layer: how to reach this sublayer's
+        weights that are not ``nn.Linear`` layers (an MoE's stacked experts), or "" when all are."""
+        return ""
 
     def aux_losses(self) -> dict[str, Tensor]:
         """Auxiliary training losses of this sublayer's last forward, already weighted, by name (an MoE
