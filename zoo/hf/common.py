@@ -109,3 +109,10 @@ def decoder_family(
         ignored=BUFFERS,
         architecture=lm_class(architecture),
     )
+
+
+def shortest_repeat(letters: str) -> str:
+    """The shortest prefix of ``letters`` that, repeated, gives them: a ``window_pattern`` from a list of
+    layer kinds ("LGLG" -> "LG", "GLLGLLG" -> "GLL")."""
+    n = len(letters)
+    return next(letters[:p] for p in range(1, n + 1) if (letters[:p] * n)[:n] == letters)

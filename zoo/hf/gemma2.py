@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.config import ModelConfig
-from zoo.hf.common import attn_dropout, decoder_family, differs, ids, plain
+from zoo.hf.common import attn_dropout, decoder_family, differs, ids, plain, shortest_repeat
 from zoo.hf.mapping import FAMILIES, Mapper, activation, first, token_id
 from zoo.hf.rope_decoders import rope_parameters, rope_settings
 
@@ -69,8 +69,7 @@ def _windows(c: Any, cfg: ModelConfig) -> ModelConfig:
     letters = "".join("L" if kind == SLIDING else "G" for kind in _layer_types(c))
     if "L" not in letters or c.sliding_window is None:
         return cfg
-    n = len(letters)
-    pattern = next(letters[:p] for p in range(1, n + 1) if (letters[:p] * n)[:n] == letters)
+    pattern = shortest_repeat(letters)
     return cfg.replace(
         mask="sliding_window", window=int(c.sliding_window), window_pattern=None if "G" not in pattern else pattern
     )

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from zoo.config import ModelConfig
-from zoo.hf.common import BUFFERS, attn_dropout, differs, ids, mha, plain
+from zoo.hf.common import BUFFERS, attn_dropout, differs, ids, mha, plain, shortest_repeat
 from zoo.hf.mapping import FAMILIES, GELU, Family, HFClass, Mapper, activation, first, token_id
 from zoo.hf.rope_decoders import rope_parameters, rope_settings
 
@@ -64,8 +64,7 @@ def _windows(c: Any, letters: str) -> dict[str, Any]:
             f"modernbert: rope_parameters scale the {FULL} and {SLIDING} layers differently ({full} vs {sliding}), "
             "which is not supported; zoo's global layers differ in their base only"
         )
-    n = len(letters)
-    pattern = next(letters[:p] for p in range(1, n + 1) if (letters[:p] * n)[:n] == letters)
+    pattern = shortest_repeat(letters)
     base = full["rope_base"] if "G" in pattern and full["rope_base"] != sliding["rope_base"] else None
     window = dict(mask="sliding_window", window=c.local_attention // 2 + 1)
     return {**sliding, **window, "window_pattern": pattern if "G" in pattern else None, "rope_base_global": base}
