@@ -11,6 +11,7 @@ from torchmetrics import Accuracy, F1Score, Metric
 
 import zoo
 from tasks.base import ZooTask, top_count
+from tasks.pipeline import PipelineBatch
 
 POOLINGS = ("cls", "mean")
 
@@ -66,10 +67,29 @@ class ClassifierTask(ZooTask):
         }
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
-        logits = self(batch["input_ids"], batch["attention_mask"])  # (B, n_labels)
-        loss = F.cross_entropy(logits.float(), batch["labels"])
+        hidden = self.model(batch["input_ids"], batch["attention_mask"])  # (B, T, D)
+        return self.labelled_loss(hidden, batch, stage)
+
+    def labelled_loss(self, hidden: Tensor, batch: dict[str, Tensor], stage: str, reduction: str = "mean") -> Tensor:
+        """The loss of the encoder's hidden states (B, T, D) against ``batch``'s labels (B,), pooled
+        under its attention mask; the stage's metrics are updated."""
+        logits = self.classify(hidden, batch["attention_mask"])  # (B, n_labels)
         self.metrics_at(stage).update(logits, batch["labels"])
-        return loss
+        return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction)
+
+    def pipeline_batch(self, batch: dict[str, Tensor]) -> PipelineBatch:
+        """The batch cut for pipeline stages (trainer=pp): token ids in, the padding mask to every stage,
+        labels and the mask (mean pooling reads it) to the last; the loss averages over the rows."""
+        mask, labels = batch["attention_mask"], batch["labels"]
+        rows = torch.full((), labels.shape[0], device=labels.device)
+        return PipelineBatch(
+            batch["input_ids"], {"attention_mask": mask}, {"labels": labels, "attention_mask": mask}, rows
+        )
+
+    def pipeline_loss(self, hidden: Tensor, target: dict[str, Tensor], stage: str) -> Tensor:
+        """On a pipeline's last stage (trainer=pp): one microbatch's losses, summed (the strategy divides by
+        the batch's rows)."""
+        return self.labelled_loss(hidden, target, stage, reduction="sum")
 
     @torch.no_grad()
     def respond(self, prompt: str, *, top: int, **_: Any) -> str:

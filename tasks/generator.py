@@ -85,13 +85,13 @@ class GeneratorTask(ZooTask):
         stage, labels to the last; the loss averages over the labels that count."""
         extra = {"document_ids": batch["document_ids"]} if batch.get("document_ids") is not None else {}
         labels = batch["labels"]
-        return PipelineBatch(batch["input_ids"], extra, labels, (labels != -100).sum())
+        return PipelineBatch(batch["input_ids"], extra, {"labels": labels}, (labels != -100).sum())
 
-    def pipeline_loss(self, hidden: Tensor, labels: Tensor, stage: str) -> Tensor:
+    def pipeline_loss(self, hidden: Tensor, target: dict[str, Tensor], stage: str) -> Tensor:
         """On a pipeline's last stage (trainer=pp): one microbatch's next-token losses, summed (the
         strategy divides by the batch's label count), from its final hidden states (B, T, D); outside
         training, the stage's metrics are updated as ``model_step`` updates them."""
-        logits = self.model.logits(hidden)  # (B, T, V)
+        logits, labels = self.model.logits(hidden), target["labels"]  # (B, T, V), (B, T)
         metrics = self.metrics_at(stage)
         if metrics:
             metrics.update(logits.float(), labels)

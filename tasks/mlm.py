@@ -11,6 +11,7 @@ from torchmetrics import Accuracy, Metric
 
 import zoo
 from tasks.base import ZooTask, top_count
+from tasks.pipeline import PipelineBatch
 
 
 class MLMTask(ZooTask):
@@ -41,13 +42,30 @@ class MLMTask(ZooTask):
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
         hidden = self.model(batch["input_ids"], batch["attention_mask"])  # (B, T, D)
-        chosen = batch["labels"] != -100  # (B, T): ~15% of the tokens
+        return self.masked_loss(hidden, batch["labels"], stage)
+
+    def masked_loss(self, hidden: Tensor, labels: Tensor, stage: str, reduction: str = "mean") -> Tensor:
+        """The loss of the chosen positions' predictions from hidden states (B, T, D), labels (B, T)
+        (-100 where not chosen); the stage's metrics are updated."""
+        chosen = labels != -100  # (B, T): ~15% of the tokens
         # the head (dense, norm, vocabulary projection) runs on the chosen positions only
         logits = self.model.mlm_logits(hidden[chosen])  # (N, V)
-        labels = batch["labels"][chosen]  # (N,)
-        loss = F.cross_entropy(logits.float(), labels)
+        labels = labels[chosen]  # (N,)
         self.metrics_at(stage).update(logits.argmax(-1), labels)
-        return loss
+        return F.cross_entropy(logits.float(), labels, reduction=reduction)
+
+    def pipeline_batch(self, batch: dict[str, Tensor]) -> PipelineBatch:
+        """The batch cut for pipeline stages (trainer=pp): token ids in, the padding mask to every stage,
+        labels to the last; the loss averages over the chosen positions."""
+        labels = batch["labels"]
+        return PipelineBatch(
+            batch["input_ids"], {"attention_mask": batch["attention_mask"]}, {"labels": labels}, (labels != -100).sum()
+        )
+
+    def pipeline_loss(self, hidden: Tensor, target: dict[str, Tensor], stage: str) -> Tensor:
+        """On a pipeline's last stage (trainer=pp): one microbatch's losses, summed (the strategy divides by
+        the batch's chosen positions)."""
+        return self.masked_loss(hidden, target["labels"], stage, reduction="sum")
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:

@@ -1,21 +1,22 @@
-"""Pipeline parallelism (``trainer=pp``): a decoder's blocks cut into one stage per device
-(zoo.pipeline), each batch cut into microbatches that flow through the stages on torch's schedules
-(torch.distributed.pipelining): GPipe (every microbatch forward, then every one backward; Huang et
-al. 2019, https://arxiv.org/abs/1811.06965) or 1F1B (one forward, one backward, so a stage keeps at
-most N microbatches' activations; Narayanan et al. 2021, https://arxiv.org/abs/2104.04473).
+"""Pipeline parallelism (``trainer=pp``): the blocks of a decoder or an encoder cut into one stage
+per device (zoo.pipeline), each batch cut into microbatches that flow through the stages on torch's
+schedules (torch.distributed.pipelining): GPipe (every microbatch forward, then every one backward;
+Huang et al. 2019, https://arxiv.org/abs/1811.06965) or 1F1B (one forward, one backward, so a stage
+keeps at most N microbatches' activations; Narayanan et al. 2021, https://arxiv.org/abs/2104.04473).
 
 How it meets Lightning. The schedule runs forward and backward together, so ``ZooTask.shared_step``
 hands the batch to ``pipeline_step`` (instead of its ``model_step``), which returns the batch's loss,
 summed on the last stage from the task's ``pipeline_loss`` and broadcast to every rank for logging;
 ``backward`` then has nothing left to do. Every rank reads every batch (the first stage its tokens,
-the last its labels, all of them the document ids).
+the last its targets, all of them the padding mask or document ids). The task's own modules (a
+classifier's head) are read by ``pipeline_loss``, so they live on the last stage alone.
 
 The loss is the batch's: each microbatch's summed loss is divided by the batch's label count, so the
-gradients equal one process's on the whole batch (not a mean of microbatch means). A tied LM head
-has a copy of the embedding on the last stage; the two copies' gradients are summed before each
-step, so they stay equal. Checkpoints are single files in zoo's whole layout (rank 0 gathers every
-stage's tensors and optimizer state, keyed by parameter name), so they resume under any number of
-stages or one process, and every tool that reads checkpoints reads them."""
+gradients equal one process's on the whole batch (not a mean of microbatch means). A tied head (an
+LM or MLM head) has a copy of the embedding on the last stage; the two copies' gradients are summed
+before each step, so they stay equal. Checkpoints are single files in zoo's whole layout (rank 0
+gathers every stage's tensors and optimizer state, keyed by parameter name), so they resume under
+any number of stages or one process, and every tool that reads checkpoints reads them."""
 
 from __future__ import annotations
 
@@ -44,12 +45,13 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 class PipelineBatch(NamedTuple):
     """A batch as the stages take it (a task's ``pipeline_batch``): ``inputs`` for the first stage
-    (token ids, (B, T)), ``extra`` for every stage (document ids: what its masks need), ``target`` for
-    the last stage's ``pipeline_loss``, and ``items``: how many losses the batch's loss averages."""
+    (token ids, (B, T)), ``extra`` for every stage (the padding mask or document ids: what its masks
+    need; segment ids), ``target`` for the last stage's ``pipeline_loss`` (tensors of B rows: labels,
+    and what else the loss reads), and ``items``: how many losses the batch's loss averages."""
 
     inputs: Tensor
     extra: dict[str, Tensor]
-    target: Tensor
+    target: dict[str, Tensor]
     items: Tensor
 
 
@@ -91,7 +93,8 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         self.schedule, self.microbatches = schedule, microbatches
         self.stage: Stage | None = None
         self._schedules: dict[tuple, Any] = {}
-        self._loss: tuple[ZooTask, str, Tensor] | None = None  # (task, stage name, divisor) of the running step
+        self._loss: tuple[ZooTask, str, dict[str, Tensor], Tensor] | None = None  # the running step's task,
+        # stage name, targets and divisor
         self._grads: list[tuple[Tensor, Tensor]] = []  # the running step's gradients, until ``backward``
         self._tied_group: dist.ProcessGroup | None = None  # None: the default group (2 stages)
 
@@ -100,8 +103,8 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         if not isinstance(model, ZooTask) or not all(hasattr(model, hook) for hook in self.task_hooks):
             raise zoo.ConfigError(
                 f"trainer=pp trains tasks that cut their batches and losses into stages "
-                f"({', '.join(self.task_hooks)}), such as task=generator, not {type(model).__name__}; use "
-                f"trainer=ddp, fsdp or tp"
+                f"({', '.join(self.task_hooks)}), such as task=generator, mlm or classifier, not "
+                f"{type(model).__name__}; use trainer=ddp, fsdp or tp"
             )
         if self.num_nodes != 1:
             raise zoo.ConfigError(
@@ -113,10 +116,15 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         super().connect(model)
 
     def parallelize(self, task: ZooTask) -> None:
-        """Prune the task's model to this rank's stage (ZooTask.configure_model asks it)."""
+        """Prune the task's model to this rank's stage, and the task's own modules with parameters (its
+        heads, which ``pipeline_loss`` reads) to the last stage (ZooTask.configure_model asks it)."""
         if self.stage is not None:  # testing after fitting: cut already
             return
         self.stage = Stage(task.model, self.global_rank, self.world_size)
+        if not self.stage.last:
+            for name, module in list(task.named_children()):
+                if module is not task.model and any(True for _ in module.parameters()):
+                    setattr(task, name, None)
         ends = [0, self.world_size - 1]  # the ranks of a tied embedding's two copies
         self._tied_group = dist.new_group(ends) if self.world_size > 2 else None  # every rank makes it
 
@@ -128,11 +136,13 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         divisor = cut.items.clamp(min=1).to(torch.float32)
         if training:
             divisor = divisor * self.lightning_module.trainer.accumulate_grad_batches
-        self._loss = (task, stage, divisor)
+        self._loss = (task, stage, cut.target, divisor)
         schedule = self._schedule_for(tuple(cut.inputs.shape), training)
         losses: list[Tensor] = []
         last = self.stage.last
-        args, target, extra = (cut.inputs,) if self.stage.first else (), cut.target if last else None, cut.extra
+        # the schedule cuts one target tensor into microbatches: the rows' numbers, which the loss looks up
+        rows = torch.arange(cut.inputs.shape[0], device=self.root_device) if last else None
+        args, target, extra = (cut.inputs,) if self.stage.first else (), rows, cut.extra
         if training:
             tied = tied_embedding(self.stage)
             earlier = None if tied is None else tied.grad  # this accumulation window's, already summed
@@ -149,9 +159,9 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         dist.broadcast(total, src=self.world_size - 1)
         return total
 
-    def _loss_fn(self, hidden: Tensor, labels: Tensor) -> Tensor:
-        task, stage, divisor = self._loss
-        return task.pipeline_loss(hidden, labels, stage) / divisor
+    def _loss_fn(self, hidden: Tensor, rows: Tensor) -> Tensor:
+        task, stage, targets, divisor = self._loss
+        return task.pipeline_loss(hidden, {k: v[rows] for k, v in targets.items()}, stage) / divisor
 
     def _schedule_for(self, shape: tuple[int, ...], training: bool) -> Any:
         """A stage and schedule per batch shape and mode: torch's stages fix their buffers' shapes at

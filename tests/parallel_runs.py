@@ -1,6 +1,6 @@
-"""zoo-train runs of the tiny GPT generator under a parallel trainer and in one process, for the tests
-that compare them (test_tensor_parallel.py, test_pipeline_parallel.py): each run's stdout is kept in
-<run>/stdout.txt and its logged metrics read back by step."""
+"""zoo-train runs of a tiny experiment (the GPT generator unless told) under a parallel trainer and in
+one process, for the tests that compare them (test_tensor_parallel.py, test_pipeline_parallel.py):
+each run's stdout is kept in <run>/stdout.txt and its logged metrics read back by step."""
 
 from __future__ import annotations
 
@@ -15,13 +15,18 @@ from test_tasks import STEPS, TINY
 
 # GQA (4 heads, 2 KV heads) and a GLU, whose fused rows a plain contiguous cut would mix up
 MODEL = ["model.n_heads=4", "model.n_kv_heads=2", "model/ffn=swiglu", "model.d_ff=64", "model.dropout=0"]
-FASTER = ["trainer.val_check_interval=6", "task.sample_tokens=4"]  # one validation, a short sample
+SETTINGS = {  # one validation (and a short sample); no dropout, which draws differently on other devices
+    "gpt_generator": [*MODEL, "trainer.val_check_interval=6", "task.sample_tokens=4"],
+    "bert_classifier": ["model.dropout=0", "task.head_dropout=0", "trainer.val_check_interval=6"],
+    "bert_mlm": ["model.dropout=0", "trainer.val_check_interval=6"],
+}
 
 
-def train(trainer: str, run: Path, *extra: str) -> subprocess.CompletedProcess:
-    """``zoo-train trainer=<trainer>`` of the tiny generator into ``run``; asserts it succeeded."""
-    tiny = [a for a in TINY["gpt_generator"] if not a.startswith("model.n_heads=")]
-    args = ["experiment=gpt_generator", *tiny, *STEPS, *MODEL, *FASTER, f"hydra.run.dir={run}"]
+def train(trainer: str, run: Path, *extra: str, experiment: str = "gpt_generator") -> subprocess.CompletedProcess:
+    """``zoo-train trainer=<trainer>`` of a tiny ``experiment`` into ``run``; asserts it succeeded."""
+    ours = SETTINGS[experiment]
+    tiny = [a for a in TINY[experiment] if a.split("=")[0] not in {b.split("=")[0] for b in ours}]
+    args = [f"experiment={experiment}", *tiny, *STEPS, *ours, f"hydra.run.dir={run}"]
     done = subprocess.run(
         [sys.executable, "-m", "tasks.cli.train", *args, f"trainer={trainer}", *extra],
         cwd=run.parent,
@@ -41,12 +46,14 @@ def losses(run: Path, metric: str = "train/loss") -> dict[int, float]:
     return {int(r["step"]): float(r[metric]) for r in rows if r.get(metric)}
 
 
-def resume_both_ways(trainer: str, runs: dict[str, Path], tmp: Path) -> None:
+def resume_both_ways(trainer: str, runs: dict[str, Path], tmp: Path, experiment: str = "gpt_generator") -> None:
     """Two more steps: under ``trainer`` from the one-process run's checkpoint (``runs["one"]``), and in one
     process from ``runs[trainer]``'s; the two give the same losses (into ``tmp/<trainer>``, ``tmp/one``)."""
     more = ["trainer.max_steps=8", "test=false"]
-    train(trainer, tmp / trainer, f"ckpt_path={runs['one'] / 'checkpoints' / 'last.ckpt'}", *more)
-    train("cpu", tmp / "one", f"ckpt_path={runs[trainer] / 'checkpoints' / 'last.ckpt'}", *more)
+    train(
+        trainer, tmp / trainer, f"ckpt_path={runs['one'] / 'checkpoints' / 'last.ckpt'}", *more, experiment=experiment
+    )
+    train("cpu", tmp / "one", f"ckpt_path={runs[trainer] / 'checkpoints' / 'last.ckpt'}", *more, experiment=experiment)
     theirs, one = losses(tmp / trainer), losses(tmp / "one")
     assert sorted(theirs) == sorted(one) == [6, 7]
     assert theirs == pytest.approx(one, rel=1e-5)

@@ -164,3 +164,25 @@ def test_decoding_bench_tiny_reports_eager_against_eager(tmp_path):
     for row in rows.values():
         assert row["vs_hf_eager"] == pytest.approx(row["tokens_per_s"] / rows["hf"]["tokens_per_s"])
     assert json.loads((tmp_path / "d.json").read_text())["rows"][0]["vs_hf_eager"] == rows["zoo"]["vs_hf_eager"]
+
+
+def test_optimizer_bench_tiny_times_both_optimizers_from_a_checkout(tmp_path):
+    """scripts/bench/optimizers.py, run from its file: both sides train the same model with the shipped
+    optimizer settings, each with its own optimizer.step() time."""
+    out = tmp_path / "optimizers.json"
+    args = ["--layers=1", "--d-model=32", "--heads=2", "--vocab=64", "--batch=2", "--length=16", "--rounds=2"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "optimizers.py"), *args, "--steps=2", f"--out={out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    for name in ("muon", "adamw"):
+        assert result[name]["tokens_per_s"] > 0 and result[name]["optimizer_step_ms"] > 0
+    assert result["step_time_muon_over_adamw"] == pytest.approx(
+        result["adamw"]["tokens_per_s"] / result["muon"]["tokens_per_s"]
+    )
+    assert "a training step under muon takes" in done.stdout

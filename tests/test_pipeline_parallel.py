@@ -64,12 +64,99 @@ def test_stages_chained_compute_the_whole_model(name):
     assert tied == ([True, False, True] if whole.lm_head is None else [False, False, False])
 
 
+ENCODERS = {  # BERT: segments, learned positions, a pooler and the tied MLM head; RoPE, no pooler or segments
+    "bert-tiny": {"type_vocab_size": 2, "pooler": True, "mlm_head": True},
+    "bert-tiny rope": {"position": "rope", "type_vocab_size": 0, "pooler": False, "mlm_head": True},
+}
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_encoder_stages_chained_compute_the_whole_encoder(name):
+    """An encoder's hidden states through 3 stages equal the whole encoder's, with padding and segment ids;
+    the first stage alone holds the embeddings, the last the pooler and MLM head, and the last's copy
+    of the embedding (the MLM head reads it) is the tied one."""
+    whole = zoo.create_model(name.split()[0], n_layers=4, dropout=0.0, seed=0, **ENCODERS[name]).eval()
+    ids = torch.randint(5, whole.config.vocab_size, (2, 10))
+    mask = torch.ones_like(ids).index_fill_(1, torch.tensor([8, 9]), 0)
+    segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 10]) if whole.segment is not None else None
+    stages = [Stage(copy.deepcopy(whole), i, 3) for i in range(3)]
+    x = ids
+    with torch.no_grad():
+        for stage in stages:
+            x = stage(x, mask, token_type_ids=segments)
+        expected = whole(ids, mask, segments)
+        torch.testing.assert_close(x, expected)
+        torch.testing.assert_close(stages[-1].model.mlm_logits(x), whole.mlm_logits(expected))
+        if whole.pooler is not None:
+            torch.testing.assert_close(stages[-1].model.pool(x), whole.pool(expected))
+    first, middle, last = (stage.model for stage in stages)
+    assert first.embed is not None and middle.embed is None and last.embed is not None
+    assert (first.segment is not None) == (whole.segment is not None) and middle.segment is last.segment is None
+    assert first.mlm_head is None and middle.mlm_head is None and last.mlm_head is not None
+    assert [tied_embedding(stage) is not None for stage in stages] == [True, False, True]
+
+
+def test_an_encoder_without_a_vocabulary_head_keeps_no_embedding_past_the_first_stage():
+    whole = zoo.create_model("bert-tiny", n_layers=2, mlm_head=False, pooler=True, seed=0)
+    first, last = Stage(copy.deepcopy(whole), 0, 2), Stage(copy.deepcopy(whole), 1, 2)
+    assert last.model.embed is None and last.model.pooler is not None and first.model.pooler is None
+    assert tied_embedding(first) is None and tied_embedding(last) is None
+
+
+def _batch(kind: str, vocab: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (4, 10), generator=g)
+    mask = torch.ones_like(ids).index_fill_(1, torch.tensor([8, 9]), 0)
+    if kind == "generator":
+        labels = ids.roll(-1, 1).index_fill_(1, torch.tensor([9]), -100)
+        return {"input_ids": ids, "labels": labels}
+    if kind == "classifier":
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2, 1, 2])}
+    labels = torch.where(torch.rand(ids.shape, generator=g) < 0.3, ids, -100).masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+@pytest.mark.parametrize(
+    ("kind", "pooling"), [("generator", None), ("classifier", "cls"), ("classifier", "mean"), ("mlm", None)]
+)
+def test_a_tasks_microbatch_losses_sum_to_its_batch_loss(kind, pooling):
+    """What trainer=pp computes of a batch cut into microbatches (pipeline_batch, then pipeline_loss on each
+    microbatch's rows, over the item count) is the task's one-process loss (model_step)."""
+    from tasks.classifier import ClassifierTask
+    from tasks.generator import GeneratorTask
+    from tasks.mlm import MLMTask
+
+    torch.manual_seed(0)
+    optimizer = {"lr": 1e-3}
+    if kind == "generator":
+        task = GeneratorTask(model=zoo.get_config("gpt-tiny", dropout=0.0).to_dict(), optimizer=optimizer)
+    elif kind == "classifier":
+        model = zoo.get_config("bert-tiny", dropout=0.0).to_dict()
+        task = ClassifierTask(model=model, optimizer=optimizer, label_names=["a", "b", "c"], pooling=pooling)
+    else:
+        task = MLMTask(model=zoo.get_config("bert-tiny", dropout=0.0, mlm_head=True).to_dict(), optimizer=optimizer)
+    task.eval()
+    batch = _batch(kind, task.model.config.vocab_size)
+    cut = task.pipeline_batch(batch)
+    with torch.no_grad():
+        whole = task.model_step(batch, 0, "val")
+        total = torch.zeros(())
+        for rows in torch.arange(4).tensor_split(2):  # two microbatches, as the schedule cuts the rows
+            extra = {k: v[rows] for k, v in cut.extra.items()}
+            model = task.model
+            hidden = (
+                model.features(cut.inputs[rows], **extra) if kind == "generator" else model(cut.inputs[rows], **extra)
+            )
+            total += task.pipeline_loss(hidden, {k: v[rows] for k, v in cut.target.items()}, "val")
+    torch.testing.assert_close(total / cut.items, whole)
+
+
 @pytest.mark.parametrize(
     ("preset", "overrides", "words"),
     [
         ("llama-tiny", {"value_residual": True}, r"^model.value_residual=true mixes"),
         ("llama-tiny", {"ffn": "moe", "n_experts": 2}, r"^ffn='moe' adds auxiliary losses"),
-        ("t5-tiny", {}, r"^arch='encoder_decoder': trainer=pp cuts a decoder"),
+        ("t5-tiny", {}, r"^arch='encoder_decoder': trainer=pp cuts the blocks of a decoder or an encoder"),
         ("gpt-tiny", {"position": "t5_relative"}, r"^position='t5_relative': one learned bias table"),
         ("gpt-tiny", {"n_layers": 1}, r"^model.n_layers=1 cannot be cut into 2 pipeline stages"),
     ],
@@ -169,3 +256,42 @@ def test_three_stages_match_one_process(tmp_path):
     train("cpu", tmp_path / "one", *three)
     train("pp", tmp_path / "pp", "trainer.devices=3", *three)
     assert losses(tmp_path / "pp") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+
+
+# ---- the encoder tasks: a classifier's head and the MLM head on the last stage -----------------------------
+
+
+@pytest.fixture(scope="module")
+def encoder_runs(tmp_path_factory) -> dict[str, dict[str, Path]]:
+    """Each encoder experiment's 6 steps in one process and on 2 stages, on the one tokenizer (a WordPiece
+    trained twice may differ: tokenizers' trainer breaks ties in hash order)."""
+    root, runs = tmp_path_factory.mktemp("pp_encoders"), {}
+    for experiment in ("bert_classifier", "bert_mlm"):
+        one, pp = root / experiment / "one", root / experiment / "pp"
+        one.parent.mkdir()
+        train("cpu", one, experiment=experiment)
+        train("pp", pp, f"data.tokenizer_path={one / 'tokenizer.json'}", experiment=experiment)
+        runs[experiment] = {"one": one, "pp": pp}
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("experiment", "metric"), [("bert_classifier", "val/acc"), ("bert_mlm", "val/masked_acc")])
+def test_encoder_tasks_on_stages_match_one_process(encoder_runs, experiment, metric):
+    """The same losses and metrics step for step, and a checkpoint (the classifier's head, the pooler, the
+    MLM head with it) that is the one-process checkpoint."""
+    one, pp = encoder_runs[experiment]["one"], encoder_runs[experiment]["pp"]
+    assert sorted(losses(pp)) == list(range(6))
+    assert losses(pp) == pytest.approx(losses(one), rel=1e-5)
+    for name in ("val/loss", metric):
+        assert losses(pp, name) == pytest.approx(losses(one, name), rel=1e-5)
+    ours = torch.load(pp / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    theirs = torch.load(one / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert ours.keys() == theirs.keys()
+    for name, value in theirs.items():
+        torch.testing.assert_close(ours[name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_a_classifier_resumes_across_one_process_and_pipeline_stages(encoder_runs, tmp_path):
+    resume_both_ways("pp", encoder_runs["bert_classifier"], tmp_path, experiment="bert_classifier")

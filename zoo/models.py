@@ -38,6 +38,9 @@ class EncoderModel(ZooModel):
 
     attention_kinds = ("encoder self",)
     reads = frozenset({"gelu_approximate"})  # MLMHead's GELU
+    pipeline_stack = "encoder"
+    first_stage_modules = ("embed", "segment")
+    last_stage_modules = ("pooler", "mlm_head")
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -46,6 +49,10 @@ class EncoderModel(ZooModel):
     @classmethod
     def has_vocab_head(cls, cfg: ModelConfig) -> bool:
         return cfg.mlm_head
+
+    @classmethod
+    def ties_head(cls, cfg: ModelConfig) -> bool:
+        return cfg.mlm_head  # the MLM head always reads the embedding
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -63,10 +70,15 @@ class EncoderModel(ZooModel):
         prefix_len: int | Tensor | None = None,
     ) -> Tensor:
         """input_ids: (B, T); attention_mask: (B, T), 1 = token, 0 = padding. Returns (B, T, D)."""
+        x = self.embed_inputs(input_ids, token_type_ids)
+        return self.encoder(x, padding_mask=attention_mask, prefix_len=prefix_len)
+
+    def embed_inputs(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Token embeddings plus segment embeddings (segment 0 without ``token_type_ids``)."""
         x = self.embed_tokens(input_ids)
         if self.segment is not None:
             x = x + self.segment(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
-        return self.encoder(x, padding_mask=attention_mask, prefix_len=prefix_len)
+        return x
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT pooler: tanh(W h_0 + b) over the first token. (B, T, D) -> (B, D)."""
@@ -103,6 +115,8 @@ class DecoderModel(ZooModel):
     natural_mask = "causal"
     decoding = DecoderSteps
     attention_kinds = ("decoder self",)
+    pipeline_stack = "decoder"
+    last_stage_modules = ("lm_head",)
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:

@@ -74,7 +74,7 @@ def stats(
     non_embedding = params - embedding
     inactive = sum(m.inactive_parameters() for m in model.modules() if isinstance(m, Sublayer))
     form = cfg.form  # what differs between the forms: its head, its attention and cached layers
-    tied_head = form.has_vocab_head(cfg) and cfg.tie_embeddings
+    tied_head = form.ties_head(cfg)
     head = cfg.vocab_size * cfg.d_model if tied_head else 0  # tied: a matmul, no new weight
     d_attn = cfg.n_heads * cfg.resolved_head_dim
     forward = 2 * (non_embedding - inactive + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn

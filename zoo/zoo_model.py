@@ -17,6 +17,7 @@ from zoo.config import ModelConfig
 from zoo.decoding import Steps
 from zoo.generation import GenerationMixin
 from zoo.kv_cache import Cache, check_kv_dtype
+from zoo.registry import ConfigError
 from zoo.sublayer import Sublayer
 
 
@@ -30,6 +31,11 @@ class ZooModel(GenerationMixin, nn.Module):
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")  # forward's inputs, by keyword
     attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
+    # trainer=pp (zoo.pipeline): the stack cut into stages (None: the form is not cut), and the modules
+    # that only its first stage (the embeddings) and its last stage (the heads) hold
+    pipeline_stack: ClassVar[str | None] = None
+    first_stage_modules: ClassVar[tuple[str, ...]] = ("embed",)
+    last_stage_modules: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -39,6 +45,11 @@ class ZooModel(GenerationMixin, nn.Module):
     def has_vocab_head(cls, cfg: ModelConfig) -> bool:
         """Whether the output is multiplied by a (d_model, vocab) matrix: logits over the vocabulary."""
         return True
+
+    @classmethod
+    def ties_head(cls, cfg: ModelConfig) -> bool:
+        """Whether the vocabulary head multiplies by the token embedding (a matmul, no weight of its own)."""
+        return cls.has_vocab_head(cfg) and cfg.tie_embeddings
 
     @classmethod
     def attention_layers(cls, cfg: ModelConfig) -> int:
@@ -143,6 +154,13 @@ class ZooModel(GenerationMixin, nn.Module):
         from being swamped by their positions (Vaswani et al. 2017, sec. 3.4)."""
         x = self.embed(input_ids)
         return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
+
+    def embed_inputs(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """(B, T) token ids -> (B, T, D): what the main stack reads before its positions are added.
+        Forms with segment embeddings add them from ``token_type_ids``; others take none."""
+        if token_type_ids is not None:
+            raise ConfigError(f"arch={self.config.arch!r} has no segment embeddings: pass no token_type_ids")
+        return self.embed_tokens(input_ids)
 
     def _lm_head(self) -> nn.Module:
         return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)

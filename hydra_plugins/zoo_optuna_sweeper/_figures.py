@@ -1,4 +1,5 @@
-"""The figures of zoo-sweep-report: one PNG per swept parameter, the monitored metric against it.
+"""The figures of zoo-sweep-report: one PNG per swept parameter, the monitored metric against it
+(one line per value of the other parameter, where a grid sweeps two and that one takes a few values).
 
 Private (leading underscore) so that Hydra's plugin scan does not import it; matplotlib is imported
 only when a figure is drawn.
@@ -24,9 +25,11 @@ STATE_STYLES: tuple[tuple[str, dict[str, Any]], ...] = (  # how a trial that end
 
 
 def plot(sweep: Sweep, out_dir: Path) -> list[Path]:
-    """One PNG per swept parameter: the metric against it. Numbers on a linear or (log-searched or
-    spanning two decades) log axis; other values as a box and jittered points per value. A parameter
-    with no trial that reported a (non-NaN) value gets no figure."""
+    """One PNG per swept parameter: the metric against it. Numbers on a linear or log axis (log-searched,
+    spanning two decades, or a grid of values each at least twice the last), joined by one line per
+    value of the other parameter where there is one other with a few values (``series_of``); other
+    values as a box and jittered points per value. A parameter with no trial that reported a (non-NaN)
+    value gets no figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,8 +58,13 @@ def draw(ax: Axes, sweep: Sweep, name: str, shown: list[Trial]) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
     )
     xs = [float(v) for v in values] if numeric else boxes(ax, name, shown)
+    other = series_of(sweep, name, shown) if numeric else None
+    if other is not None:
+        for value in sorted({str(t.params[other]) for t in shown}, key=category_order):
+            line = sorted((x, t.value) for x, t in zip(xs, shown, strict=True) if str(t.params[other]) == value)
+            ax.plot(*zip(*line, strict=True), linewidth=1.5, zorder=2, label=f"{other}={value}")
     scatter(ax, xs, shown, sweep.best_trial())
-    if numeric and (name in sweep.log_params or (min(xs) > 0 and max(xs) / min(xs) >= 100)):
+    if numeric and (name in sweep.log_params or _log_spaced(xs)):
         ax.set_xscale("log")
     ax.set_xlabel(name)
     ax.set_ylabel(f"{sweep.metric} ({'lower' if sweep.mode == 'min' else 'higher'} is better)")
@@ -64,6 +72,26 @@ def draw(ax: Axes, sweep: Sweep, name: str, shown: list[Trial]) -> None:
     ax.ticklabel_format(axis="y", useOffset=False)  # the metric's own values, not "1e-5 + 5.698"
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+
+
+def series_of(sweep: Sweep, name: str, shown: list[Trial]) -> str | None:
+    """The parameter whose values each get a line in ``name``'s figure: the one other swept parameter,
+    where there is exactly one and the ``shown`` trials give it 2 to 6 values (e.g. optimizer=adamw,muon
+    against optimizer.lr); else None (points alone)."""
+    others = [p for p in sweep.params if p != name]
+    if len(others) != 1 or not all(others[0] in t.params for t in shown):
+        return None
+    return others[0] if 2 <= len({str(t.params[others[0]]) for t in shown}) <= 6 else None
+
+
+def _log_spaced(xs: list[float]) -> bool:
+    """Positive values spanning two decades, or three or more each at least twice the last (a grid such
+    as 1e-3,3e-3,1e-2 or 64,128,256)."""
+    points = sorted(set(xs))
+    if points[0] <= 0:
+        return False
+    doubling = len(points) >= 3 and all(b >= 2 * a for a, b in zip(points, points[1:], strict=False))
+    return points[-1] / points[0] >= 100 or doubling
 
 
 def boxes(ax: Axes, name: str, shown: list[Trial]) -> list[float]:
