@@ -21,6 +21,7 @@ any number of stages or one process, and every tool that reads checkpoints reads
 from __future__ import annotations
 
 import itertools
+import warnings
 from datetime import timedelta
 from typing import Any, ClassVar, NamedTuple
 
@@ -117,16 +118,18 @@ class PipelineParallelStrategy(ModelParallelStrategy):
 
     def parallelize(self, task: ZooTask) -> None:
         """Prune the task's model to this rank's stage, and the task's own modules with parameters (its
-        heads, which ``pipeline_loss`` reads) to the last stage (ZooTask.configure_model asks it)."""
-        if self.stage is not None:  # testing after fitting: cut already
-            return
-        self.stage = Stage(task.model, self.global_rank, self.world_size)
-        if not self.stage.last:
-            for name, module in list(task.named_children()):
-                if module is not task.model and any(True for _ in module.parameters()):
-                    setattr(task, name, None)
-        ends = [0, self.world_size - 1]  # the ranks of a tied embedding's two copies
-        self._tied_group = dist.new_group(ends) if self.world_size > 2 else None  # every rank makes it
+        heads, which ``pipeline_loss`` reads) to the last stage (ZooTask.configure_model asks it, at
+        every fit and test)."""
+        if self.stage is None:  # else testing after fitting: cut already
+            self.stage = Stage(task.model, self.global_rank, self.world_size)
+            if not self.stage.last:
+                for name, module in list(task.named_children()):
+                    if module is not task.model and any(True for _ in module.parameters()):
+                        setattr(task, name, None)
+            ends = [0, self.world_size - 1]  # the ranks of a tied embedding's two copies
+            self._tied_group = dist.new_group(ends) if self.world_size > 2 else None  # every rank makes it
+        if not self.stage.last:  # the last stage alone updates the metrics; their sync adds every rank's
+            warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
 
     # ---- one step: the schedule runs forward and backward -----------------------------------------
     def pipeline_step(self, task: ZooTask, batch: dict[str, Tensor], stage: str) -> Tensor:
