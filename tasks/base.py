@@ -21,7 +21,7 @@ import zoo
 from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
-from tasks.optim import build_optimizer
+from tasks.optim import build_optimizer, clip_under_mixed_precision
 
 STAGES = ("train", "val", "test")
 
@@ -321,6 +321,20 @@ class ZooTask(L.LightningModule):
         )
 
     # ---- optimisation -------------------------------------------------------------------------------
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: Any = None,
+    ) -> None:
+        """Lightning's clipping (``trainer.gradient_clip_val`` by ``gradient_clip_algorithm``), fused
+        optimizers included: Lightning's mixed-precision plugin refuses to clip for an optimizer that
+        unscales gradients inside its own step (fused AdamW), so ``clip_under_mixed_precision`` does."""
+        if not clip_under_mixed_precision(
+            self.trainer.precision_plugin, optimizer, gradient_clip_val, gradient_clip_algorithm
+        ):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self, self.optimizer_settings)  # optimizer.name: adamw, muon (tasks.optim)
         total = max(1, int(self.trainer.estimated_stepping_batches))

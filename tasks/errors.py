@@ -24,6 +24,17 @@ class DivergedError(RuntimeError):
     resumable = False
 
 
+class RunFailed(RuntimeError):
+    """An error that ended fitting or testing and is no user mistake (a library's refusal, a CUDA
+    error, a bug): one line with its kind and first line, and where its whole traceback was kept.
+    ``kind``: the original error's class name, which the verb prints in its place."""
+
+    def __init__(self, error: BaseException, log: str | None) -> None:
+        self.kind = type(error).__name__
+        where = f"the full traceback is in {log}" if log else "the full traceback could not be written"
+        super().__init__(f"{_first_line(error)} ({where})")
+
+
 # ---- the machine's and the files' errors, as one line ---------------------------------------------
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 READ_ONLY = {errno.EROFS}

@@ -5,7 +5,8 @@ field or the path and the fix, chosen by the exception's kind, not case by case:
   MisconfigurationException, a trainer, callback or logger Hydra could not build from the config: exit 2;
 - what the machine refused (any OSError with an errno: a full disk, a read-only folder, a path below
   a file): exit 1; a file that is not YAML, JSON or UTF-8 text: exit 2;
-- a diverged run: exit 1; Ctrl-C: exit 130;
+- a diverged run, or an error that ended fitting or testing (tasks.errors.RunFailed: its whole
+  traceback kept in the run directory's error.log): exit 1; Ctrl-C: exit 130;
 - an error Hydra raised while composing the config (``hydra_errors``): exit 2.
 
 Anything else is a bug in zoo and keeps its traceback. A verb that ends in one line removes the run
@@ -31,7 +32,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 import zoo
 from tasks.cli.composition import composition_error
 from tasks.cli.hydra_callbacks import discard_own_run_dir
-from tasks.errors import DivergedError, UserError, os_error, parse_error
+from tasks.errors import DivergedError, RunFailed, UserError, os_error, parse_error
 
 USER_ERRORS = (zoo.ConfigError, zoo.CheckpointError, UserError)
 """Exceptions whose message is the whole story: a verb prints it in one line and exits 2."""
@@ -43,7 +44,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def fail(error: BaseException, code: int = 2) -> typing.NoReturn:
     """End the verb with one line on stderr: ``zoo: <kind>: <message>``; the run directory this
     process created and nothing but Hydra wrote into goes with it."""
-    print(f"zoo: {type(error).__name__}: {error}", file=sys.stderr)
+    print(f"zoo: {getattr(error, 'kind', type(error).__name__)}: {error}", file=sys.stderr)
     discard_own_run_dir()
     sys.exit(code)
 
@@ -52,7 +53,7 @@ def one_line(error: BaseException) -> tuple[BaseException, int] | None:
     """The error to print in one line for ``error`` and the exit code; None for a bug in zoo."""
     if isinstance(error, USER_ERRORS):
         return error, 2
-    if isinstance(error, DivergedError):
+    if isinstance(error, DivergedError | RunFailed):
         return error, 1
     if isinstance(error, InstantiationException):
         return _not_built(error)

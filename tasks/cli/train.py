@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV
 from tasks import TASKS
 from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
 from tasks.checkpoints import ZooCheckpointIO, claim_run_dir, release_runs
-from tasks.cli.boundary import hydra_errors, user_errors
+from tasks.cli.boundary import hydra_errors, one_line, user_errors
 from tasks.cli.card import describe_model
 from tasks.cli.checks import check_export, check_same_model, data_sizes
 from tasks.cli.console import quiet_libraries
@@ -36,6 +37,7 @@ from tasks.cli.loading import run_info
 from tasks.cli.plan import RunPlan, plan_run
 from tasks.cli.resuming import resumed_config
 from tasks.cli.schemas import conf_dir, register_configs
+from tasks.errors import RunFailed
 from tasks.loggers import CSVLogger
 from tasks.optim import check_same_optimizer
 
@@ -61,11 +63,13 @@ def train_run(cfg: DictConfig) -> float | None:
         claim_and_write(plan, datamodule, task, trainer.loggers)
     relaunch_as_this_job()
     if cfg.train:
-        fit(trainer, task, datamodule, plan)
+        with failures_kept(plan):
+            fit(trainer, task, datamodule, plan)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
-        metrics.update(tested(trainer, task, datamodule, best, plan))
+        with failures_kept(plan):
+            metrics.update(tested(trainer, task, datamodule, best, plan))
     # a model split over the ranks (trainer=tp, pp) is counted whole by its strategy, on every rank
     params = getattr(trainer.strategy, "whole_parameter_count", zoo.count_parameters)(task.model)
     if trainer.is_global_zero:
@@ -164,6 +168,36 @@ def tested(trainer: L.Trainer, task: Any, datamodule: Any, best: str, plan: RunP
     with interrupts_said(trainer, plan.run_dir):
         results = trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
     return {k: float(v) for k, v in (results[0] if results else {}).items()}
+
+
+@contextmanager
+def failures_kept(plan: RunPlan) -> Iterator[None]:
+    """What ends fitting or testing that is no user mistake (a library's refusal, a CUDA error, a bug)
+    ends the verb in one line, a RunFailed naming the error and the file in the run directory that
+    keeps its whole traceback; user mistakes, a diverged run and interrupts pass as they are."""
+    try:
+        yield
+    except Exception as error:
+        if one_line(error) is not None or getattr(error, "exit_quietly", False):
+            raise
+        raise RunFailed(error, keep_traceback(plan.run_dir, error) if plan.writes else None) from error
+
+
+def keep_traceback(run_dir: Path, error: BaseException) -> str | None:
+    """Write the traceback of ``error`` to ``run_dir``/error.log (error_2.log … when an earlier
+    attempt of the run left one: nothing is overwritten); its path, or None if it cannot be written."""
+    text = "".join(traceback.format_exception(error))
+    for n in range(1, 1000):
+        path = run_dir / ("error.log" if n == 1 else f"error_{n}.log")
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(text)
+            return str(path)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
 
 
 @contextmanager

@@ -1,0 +1,139 @@
+"""The GPU configuration, proven on the CPU (CI has no GPU): gradient clipping with fused optimizers under
+mixed precision (tasks.optim.clip_under_mixed_precision), every experiment on ``trainer=gpu`` with
+``trainer.accelerator=cpu optimizer.fused=true``, every trainer file composed as its GPU use has it, and a
+failure while fitting ending the verb in one line with its traceback kept in the run directory."""
+
+from __future__ import annotations
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+from test_tasks import TINY, compose_train
+from torch.utils.data import DataLoader
+
+import zoo
+from tasks import GeneratorTask
+from tasks.cli.boundary import user_errors
+from tasks.cli.train import keep_traceback, train
+from tasks.errors import RunFailed
+from tasks.optim import build_optimizer
+
+ADAMW = {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1, "betas": [0.9, 0.95], "eps": 1e-8}
+MUON = {**ADAMW, "name": "muon"}
+CLIP = {"norm": 1e-3, "value": 1e-5}  # small enough that every step clips
+VOCAB, B, T = 61, 4, 16
+SCHEDULE = {"warmup_steps": 0, "min_lr_ratio": 1.0}
+
+
+def _task(optimizer: dict, fused: bool) -> GeneratorTask:
+    cfg = zoo.get_config("gpt-tiny", vocab_size=VOCAB, d_model=32, n_heads=2, n_layers=2, max_seq_len=T)
+    torch.manual_seed(0)
+    return GeneratorTask(model=cfg.to_dict(), optimizer={**optimizer, "fused": fused}, scheduler=SCHEDULE)
+
+
+def _batches(n: int = 3) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (n, B, T + 1), generator=generator)
+    return [{"input_ids": x[:, :-1], "labels": x[:, 1:]} for x in ids]
+
+
+def _fit(task: GeneratorTask, precision: str, algorithm: str) -> None:
+    """Two steps on the CPU under ``precision`` (16-mixed through its plugin: Lightning's flag turns it
+    into bf16-mixed on a CPU), clipping every step by ``algorithm``. Two, because from the third on fp16's
+    rounding of the activations turns the fused and unfused kernels' last-bit differences into ones that
+    a tolerance can no longer tell from a wrong step."""
+    plugin = {"plugins": [MixedPrecision("16-mixed", "cpu")]} if precision == "16-mixed" else {"precision": precision}
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        gradient_clip_val=CLIP[algorithm],
+        gradient_clip_algorithm=algorithm,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        **plugin,
+    )
+    trainer.fit(task, train_dataloaders=DataLoader(_batches(), batch_size=None))
+
+
+@pytest.mark.parametrize("optimizer", [ADAMW, MUON], ids=["adamw", "muon"])
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_fused_optimizers_clip_under_mixed_precision_as_unfused_ones_do(precision, algorithm, optimizer):
+    """Lightning refuses to clip for an optimizer that unscales inside its step (fused AdamW, Muon's AdamW
+    half): zoo clips it (fp16: after unscaling), and the weights are those of the unfused optimizer, whose
+    clipping is Lightning's own. The gradients the last step read were clipped."""
+    fused, plain = _task(optimizer, fused=True), _task(optimizer, fused=False)
+    for task in (fused, plain):
+        _fit(task, precision, algorithm)
+    adamw = build_optimizer(fused, fused.optimizer_settings)
+    assert getattr(adamw, "adamw", adamw).defaults["fused"]  # the run really had fused kernels
+    grads = [p.grad for p in fused.parameters() if p.grad is not None]
+    assert grads
+    if algorithm == "norm":
+        assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) <= CLIP["norm"] * 1.01
+    else:
+        assert max(g.abs().max() for g in grads) <= CLIP["value"]
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_clipping_changes_the_steps_it_is_asked_to():
+    """The check above can fail: with the clip removed the weights differ from the clipped run's."""
+    clipped, free = _task(ADAMW, fused=True), _task(ADAMW, fused=True)
+    _fit(clipped, "bf16-mixed", "value")
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=3, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(free, train_dataloaders=DataLoader(_batches(), batch_size=None))
+    assert not all(torch.equal(a, b) for a, b in zip(clipped.parameters(), free.parameters(), strict=True))
+
+
+GPU_ON_CPU = ["trainer=gpu", "trainer.accelerator=cpu", "optimizer.fused=true"]
+
+
+@pytest.mark.parametrize("experiment", list(TINY))
+def test_each_experiment_trains_with_the_gpu_trainer_on_the_cpu(experiment, tmp_path):
+    """What a GPU user runs (bf16-mixed, fused AdamW, clipping), a few steps on the CPU."""
+    cfg = compose_train(experiment, tmp_path, *GPU_ON_CPU, "test=false", "trainer.max_steps=3")
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.gradient_clip_val > 0
+    metric = train(cfg)
+    assert metric is not None and metric == metric  # not NaN
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["global_step"] == 3
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
+
+
+def test_a_failure_while_fitting_is_one_line_and_its_traceback_is_kept(tmp_path, monkeypatch, capsys):
+    def broken(self, batch, batch_idx, stage):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+
+    monkeypatch.setattr(GeneratorTask, "model_step", broken)
+    cfg = compose_train("gpt_generator", tmp_path, "test=false")
+    with pytest.raises(RunFailed) as caught:
+        train(copy.deepcopy(cfg))
+    assert caught.value.kind == "RuntimeError" and str(tmp_path / "error.log") in str(caught.value)
+    log = (tmp_path / "error.log").read_text()
+    assert "Traceback" in log and "illegal memory access" in log and "more lines" in log
+
+    with pytest.raises(SystemExit) as ended:  # the verb: one line, exit 1
+        user_errors(train)(compose_train("gpt_generator", tmp_path / "again", "test=false"))
+    stderr = capsys.readouterr().err
+    err = [line for line in stderr.splitlines() if line.startswith("zoo:")]
+    assert ended.value.code == 1 and len(err) == 1 and "Traceback" not in stderr, stderr
+    assert err[0].startswith("zoo: RuntimeError: CUDA error: an illegal memory access was encountered (the full")
+    assert err[0].endswith(f"{tmp_path / 'again' / 'error.log'})")
+
+
+def test_a_kept_traceback_overwrites_no_earlier_one(tmp_path):
+    (tmp_path / "error.log").write_text("an earlier attempt's")
+    assert keep_traceback(tmp_path, ValueError("now")) == str(tmp_path / "error_2.log")
+    assert (tmp_path / "error.log").read_text() == "an earlier attempt's"
+    assert "ValueError: now" in (tmp_path / "error_2.log").read_text()
+    assert keep_traceback(tmp_path / "missing", ValueError("now")) is None
