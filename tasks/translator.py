@@ -11,12 +11,13 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, processors
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.text import BLEUScore, CHRFScore
+from torchmetrics.text import BLEUScore
 
 import zoo
 from tasks.base import ZooTask
 from tasks.data.tokenizers import added_around
 from tasks.loggers import sample_block
+from tasks.text_metrics import ChrF
 
 
 class TranslatorTask(ZooTask):
@@ -59,7 +60,7 @@ class TranslatorTask(ZooTask):
             )
 
     def metrics(self, stage: str) -> dict[str, Metric]:
-        return {} if stage == "train" else {"bleu": BLEUScore(), "chrf": CHRFScore()}
+        return {} if stage == "train" else {"bleu": BLEUScore(), "chrf": ChrF()}
 
     def model_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
         """Teacher-forced loss; outside training the batch is also translated for BLEU/chrF (in

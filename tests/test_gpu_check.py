@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
-STEPS = ["gpu_tests", "device_bench", "flex_bench"]
+EXPERIMENTS = ["gpt_generator", "bert_mlm", "bert_classifier", "t5_translator"]
+STEPS = ["gpu_tests", *EXPERIMENTS, "train_bench", "decode_bench", "flex_bench"]
 
 
 def _check(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -43,19 +44,27 @@ def test_a_failing_step_stops_no_other_and_every_step_is_reported(tmp_path):
     out = tmp_path / "not" / "yet" / "there"
     done = _check(out, "--dry-run", PYTHON=str(fake), CALLS=str(calls))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert [line.split()[0] for line in calls.read_text().splitlines()] == [
-        "-m",
-        "scripts/bench/device.py",
-        "scripts/bench/flex.py",
+    called = [line.split()[:3] for line in calls.read_text().splitlines()]
+    assert called == [
+        ["-m", "pytest", "-m"],
+        *(["-m", "tasks.cli.train", f"experiment={name}"] for name in EXPERIMENTS),
+        ["scripts/bench/device.py", "--preset", "gpt-tiny"],
+        ["scripts/bench/decoding.py", *called[-3][1:]],
+        ["scripts/bench/flex.py", "--device", "cpu"],
+        ["scripts/gpu_summary.py", str(out)],  # every figure in one JSON, after the summary table
     ]
+    assert all(
+        "trainer=gpu trainer.accelerator=cpu optimizer.fused=true" in line
+        for line in calls.read_text().splitlines()[1:5]
+    )
     summary = _summary(out)
     assert list(summary) == STEPS
     assert summary["gpu_tests"][0] == "ok"  # pytest's 5 (every gpu test skipped) is no failure in a dry run
-    assert summary["device_bench"][0] == "FAILED (exit 3)" and summary["flex_bench"][0] == "ok"
+    assert summary["train_bench"][0] == "FAILED (exit 3)" and summary["flex_bench"][0] == "ok"
     assert all(seconds >= 0 for _, seconds in summary.values())
     tail = done.stdout[done.stdout.index("gpu_check summary") :]
     assert all(name in tail for name in STEPS) and "FAILED (exit 3)" in tail
-    assert (out / "device_bench.log").read_text() == "boom\n"  # each step's output kept beside the summary
+    assert (out / "train_bench.log").read_text() == "boom\n"  # each step's output kept beside the summary
 
     again = _check(out, "--dry-run", PYTHON=str(fake), CALLS=str(calls))
     assert again.returncode == 2 and again.stderr.startswith("zoo: FileExistsError:")  # nothing overwritten
@@ -78,3 +87,9 @@ def test_the_dry_run_runs_every_step_on_the_cpu(tmp_path):
     rows = json.loads((out / "gpu_bench.json").read_text())
     assert [r["compile"] for r in rows] == [False] and rows[0]["tokens_per_s"] > 0
     assert all(r["tokens_per_s"] > 0 for r in json.loads((out / "flex_bench.json").read_text()))
+    figures = json.loads((out / "gpu_check.json").read_text())  # the one JSON: every step and figure
+    assert [row["step"] for row in figures["steps"]] == STEPS
+    assert set(figures["benchmarks"]) == {"training", "decoding", "flex"}
+    for name in EXPERIMENTS:  # each experiment trained its steps as a GPU user's run, on the CPU
+        run = figures["experiments"][name]
+        assert run["status"] == "ok" and run["steps"] == 4 and run["it_per_s"] > 0 and run["metrics"], run

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -62,9 +63,12 @@ def train_run(cfg: DictConfig) -> float | None:
     if plan.writes:  # the first writes: everything above has loaded and been checked
         claim_and_write(plan, datamodule, task, trainer.loggers)
     relaunch_as_this_job()
+    pace = None
     if cfg.train:
+        started, first = time.perf_counter(), plan.resume["global_step"] if plan.resume else 0
         with failures_kept(plan):
             fit(trainer, task, datamodule, plan)
+        pace = (trainer.global_step - first, time.perf_counter() - started)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
@@ -81,6 +85,7 @@ def train_run(cfg: DictConfig) -> float | None:
             task.model.config,
             params,
             (cfg.monitor.metric, float(score)) if score is not None else None,
+            pace,
         )
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
@@ -254,9 +259,11 @@ def summarize(
     model_cfg: zoo.ModelConfig,
     params: int,
     best_score: tuple[str, float] | None,
+    pace: tuple[int, float] | None = None,
 ) -> None:
     """The closing table, then the run directory and the best checkpoint as plain lines: whole at any
-    width (a table cell would cut them), to paste into the next command."""
+    width (a table cell would cut them), to paste into the next command. ``pace``: the optimizer steps
+    this fit took and its seconds, validation and checkpoints included (the speed a user waits at)."""
     table = Table(title="zoo-train finished", show_header=False)
     if best_score:
         table.add_row("best " + best_score[0], f"{best_score[1]:.4f}")
@@ -266,6 +273,8 @@ def summarize(
             table.add_row(name, f"{metrics[name]:.4f}")
     if "perf/tokens_per_s" in metrics:  # to compare with the README's figures on another machine
         table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
+    if pace and pace[0] > 0:
+        table.add_row("fit", f"{pace[0]:,} steps in {pace[1]:.1f} s: {pace[0] / pace[1]:.2f} it/s, validation included")
     Console().print(table)
     print(f"run directory:   {output_dir}\nbest checkpoint: {best or '(none saved)'}", flush=True)
 
