@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout: zoo is importable without 
 from zoo.io import atomic_write_text  # noqa: E402
 
 BENCHES = {"training": "gpu_bench.json", "decoding": "decode_bench.json", "flex": "flex_bench.json"}
-PACE = re.compile(r"fit\s*│?\s*([\d,]+) steps in ([\d.]+) s: ([\d.]+) it/s")
+PACE = re.compile(r"fit\s*│?\s*([\d,]+) steps, ([\d.]+) s, ([\d.]+) it/s")
 OUT = "gpu_check.json"
 
 

@@ -133,3 +133,26 @@ def test_a_kept_traceback_overwrites_no_earlier_one(tmp_path):
     assert (tmp_path / "error.log").read_text() == "an earlier attempt's"
     assert "ValueError: now" in (tmp_path / "error_2.log").read_text()
     assert keep_traceback(tmp_path / "missing", ValueError("now")) is None
+
+
+def test_the_closing_table_gives_the_pace_and_mfu_that_the_gpu_check_reads(capsys, monkeypatch):
+    """zoo-train's closing table holds the fit's pace (validation included) and the MFU, on one line each at
+    80 columns, where scripts/gpu_summary.py finds them."""
+    import importlib.util
+    from pathlib import Path
+
+    from conftest import tiny_config
+
+    from tasks.cli.train import summarize
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
+    spec = importlib.util.spec_from_file_location("gpu_summary", path)
+    gpu_summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_summary)
+    monkeypatch.setenv("COLUMNS", "80")
+    metrics = {"val/chrf": 0.5, "perf/tokens_per_s": 123456.0, "perf/mfu": 0.4321}
+    summarize(Path("/runs/x"), "", metrics, tiny_config(), 1234, ("val/chrf", 0.5), (1000, 90.31))
+    out = capsys.readouterr().out
+    pace = gpu_summary.PACE.search(out)
+    assert pace and (pace[1], pace[2], pace[3]) == ("1,000", "90.3", "11.07"), out
+    assert "43.2% of the devices' peak" in out

@@ -273,8 +273,10 @@ def summarize(
             table.add_row(name, f"{metrics[name]:.4f}")
     if "perf/tokens_per_s" in metrics:  # to compare with the README's figures on another machine
         table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
+    if "perf/mfu" in metrics:  # where the device's peak is known (tasks.callbacks.Throughput)
+        table.add_row("MFU", f"{metrics['perf/mfu']:.1%} of the devices' peak FLOP/s (the last window)")
     if pace and pace[0] > 0:
-        table.add_row("fit", f"{pace[0]:,} steps in {pace[1]:.1f} s: {pace[0] / pace[1]:.2f} it/s, validation included")
+        table.add_row("fit", f"{pace[0]:,} steps, {pace[1]:.1f} s, {pace[0] / pace[1]:.2f} it/s (validation included)")
     Console().print(table)
     print(f"run directory:   {output_dir}\nbest checkpoint: {best or '(none saved)'}", flush=True)
 
