@@ -85,7 +85,7 @@ if [ $dry -eq 0 ]; then
     "hydra.run.dir=$out/gpt_generator_muon"
   step train_bench "" "$py" scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 \
     --json "$out/gpu_bench.json"
-  step decode_bench "" "$py" scripts/bench/decoding.py --layers 12 --d-model 768 --heads 12 --vocab 50257 --batches 1 16 --new-tokens 256 --rounds 3 --json "$out/decode_bench.json"
+  step decode_bench "" "$py" scripts/bench/decoding.py --gpu --json "$out/decode_bench.json"
   step flex_bench "" "$py" scripts/bench/flex.py --tokens 8192 --lengths 1024 2048 4096 --steps 5 \
     --json "$out/flex_bench.json"
 else
@@ -99,7 +99,7 @@ else
   done
   step train_bench "" "$py" scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 \
     --device cpu --compile off --json "$out/gpu_bench.json"
-  step decode_bench "" "$py" scripts/bench/decoding.py --layers 2 --d-model 64 --heads 2 --vocab 256 --batches 1 --new-tokens 8 --rounds 1 --warmup 1 --json "$out/decode_bench.json"
+  step decode_bench "" "$py" scripts/bench/decoding.py --gpu --dry-run --json "$out/decode_bench.json"
   step flex_bench "" "$py" scripts/bench/flex.py --device cpu --tokens 64 --lengths 16 32 --steps 1 --d-model 64 \
     --n-layers 2 --json "$out/flex_bench.json"   # flex_attention has no CPU backward: forward only
 fi

@@ -11,7 +11,7 @@ from conftest import tiny_model
 
 import zoo
 import zoo.decoding
-from zoo.kv_cache import StaticKVCache
+from zoo.kv_cache import KVCache, StaticKVCache
 
 POSITIONS = zoo.list_components()["position"]
 PROMPTS = [[5, 17, 3, 40, 22, 9, 31], [8, 2, 60], [11, 12, 13, 14, 15]]
@@ -76,6 +76,22 @@ def test_a_static_cache_writes_in_place_and_counts_what_it_holds():
     assert torch.equal(keys[:, :, :3], k) and keys[:, :, 4:].eq(0).all()
     cache.reorder(torch.tensor([1, 1]))
     assert cache.k.data_ptr() == storage and torch.equal(cache.k[0, :, :3], k[1])
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_growing_and_cross_attention_caches_reorder_rows_in_place(kv_dtype):
+    """Beam search reorders every cache in place: a CUDA graph of the static step reads the
+    cross-attention cache's tensors at the addresses it captured."""
+    k = torch.randn(2, 1, 3, 4)
+    growing, cross = KVCache(8, kv_dtype=kv_dtype), KVCache(kv_dtype=kv_dtype)
+    growing.append(k, -k)
+    cross.set(k, -k)
+    for cache in (growing, cross):
+        stored = [t.data_ptr() for t in cache._stored()]
+        before = cache.get()[0]
+        cache.reorder(torch.tensor([1, 1]))
+        assert [t.data_ptr() for t in cache._stored()] == stored
+        assert torch.equal(cache.get()[0], before[[1, 1]])
 
 
 def test_capacities_are_rounded_to_share_compiled_steps():

@@ -60,7 +60,7 @@ def beam_search(
             break
         steps.reorder(order)
         if step == max_new - 1:
-            steps.ids = torch.cat([steps.ids, tokens.view(-1, 1)], dim=1)
+            steps.record(tokens)
             break
         logits = steps.next(tokens)
     beams.close(steps.ids)

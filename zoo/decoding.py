@@ -2,22 +2,30 @@
 
 A form's class names its strategy (``ZooModel.decoding``): a decoder continues a left-padded prompt;
 an encoder-decoder encodes a right-padded source once and decodes a target from its start token.
-Shapes: B rows (prompts, times beams), T tokens so far, V vocabulary, S source length, D model width.
+Shapes: B rows (prompts, times beams), T tokens so far, V vocabulary, S source length, D model width,
+N the output's width (the input, then room for every new token).
 
 ``caching`` chooses how keys and values are kept: None recomputes every step, "dynamic" grows a KV
 cache, "static" allocates one of fixed capacity (zoo.kv_cache) and runs each single-token step
-through ``torch.compile``. The static step reads the same shapes every time (the new token, the
-cache's slots, a padding mask over all of them) and no Python number that changes, so it compiles
-once per model, batch size and capacity; capacities are rounded up to a multiple of
-``CAPACITY_STEP`` so that prompts of nearby lengths share a compiled step. The first step (the
-prompt, of any length) runs eagerly.
+through ``torch.compile``. The static step reads the same tensors every time (the new token, the
+cache's slots, a padding mask over all of them, each row's count of padding) and no Python number that
+changes, so it compiles once per model, batch size and capacity; capacities are rounded up to a
+multiple of ``CAPACITY_STEP`` so that prompts of nearby lengths share a compiled step. The first step
+(the prompt, of any length) runs eagerly.
+
+Because nothing the static step reads moves, :class:`StaticStep` can capture it on CUDA as a graph and
+replay it: one launch per token instead of one per kernel (a small model's decoding is bound by
+launches, not by arithmetic). The runner is the same on every device; ``replays_graphs`` says where
+the capture happens. The output ids (and a decoder's padding mask) are written into buffers allocated
+once, with room for every new token, instead of growing by one column per step.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -27,6 +35,7 @@ if TYPE_CHECKING:
     from zoo.models import DecoderModel, EncoderDecoderModel, ZooModel
 
 CAPACITY_STEP = 128  # static caches hold a multiple of this many positions (or the model's limit)
+GRAPH_WARMUP = 2  # compiled steps run before a CUDA graph captures the next (the first one compiles)
 
 
 def static_capacity(model: ZooModel, positions: int) -> int:
@@ -43,15 +52,85 @@ def compiled(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return torch.compile(step, dynamic=False)
 
 
+def replays_graphs(device: torch.device) -> bool:
+    """Whether a static step on ``device`` is captured once as a CUDA graph and then replayed: on CUDA
+    only. Elsewhere the compiled step runs at every token (a CPU has no graphs, and launches cost it
+    little)."""
+    return device.type == "cuda"
+
+
+class StaticStep:
+    """A single-token step whose inputs and output stay where they are, so that CUDA can replay it.
+
+    ``step(*args)`` returns next-token logits (B, V). ``token`` (B, 1), one of ``args``, is where each
+    call writes the new token; everything else the step reaches (weights, the static cache, masks) is
+    read or written in place, never replaced, and nothing in it waits for the device. The step runs
+    through ``compiled``. With ``graph`` (``replays_graphs``), the first ``GRAPH_WARMUP`` calls run the
+    compiled step (compiling it and warming its kernels), the next captures it as a CUDA graph, and
+    every later call replays that graph; the logits it returns are then the graph's own output, which
+    the next call overwrites: read them first. Without ``graph`` every call runs the compiled step.
+    A capture that fails warns and leaves the compiled step to run at every token.
+    """
+
+    def __init__(self, step: Callable[..., Tensor], args: tuple[Any, ...], token: Tensor, *, graph: bool) -> None:
+        self.step, self.args, self.token = compiled(step), args, token
+        self.graphs = graph  # still to capture, or captured
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: Tensor | None = None  # the graph's output
+        self.calls = 0
+
+    def __call__(self, token: Tensor) -> Tensor:
+        """Next-token logits (B, V) after ``token`` (B,)."""
+        self.token.copy_(token[:, None])
+        self.calls += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        if self.graphs and self.calls > GRAPH_WARMUP:
+            return self._capture()
+        return self.step(*self.args)
+
+    def _capture(self) -> Tensor:
+        """Capture the step as a CUDA graph, then replay it for this call (a capture runs nothing)."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                logits = self.step(*self.args)
+        except RuntimeError as error:
+            self.graphs = False
+            warnings.warn(
+                f"decoding could not capture its step as a CUDA graph and runs it without one: {error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self.step(*self.args)
+        self.graph, self.logits = graph, logits
+        graph.replay()
+        return logits
+
+
 class Steps:
     """The decoding loop's view of a model: logits for the first step, then for each chosen token.
-    ``ids`` (B, T) holds the output so far; ``reorder`` follows the beams that beam search keeps."""
+    ``ids`` (B, T) is the output so far, held in a buffer with room for every new token; ``reorder``
+    follows the beams that beam search keeps."""
 
     left_pad: ClassVar[bool]  # prompts of different lengths are padded on the left (else the right)
     prompt: ClassVar[str]  # what the input is called in messages ("prompt", "source")
     holds: ClassVar[str]  # what the output holds before the new tokens, in messages
 
-    ids: Tensor
+    tokens: Tensor  # (B, N): the output in its first ``length`` columns
+    length: int
+
+    def _hold(self, ids: Tensor, max_new: int) -> None:
+        """Start the output with ``ids`` (B, T), with room for ``max_new`` more tokens."""
+        self.tokens = ids.new_empty(ids.shape[0], ids.shape[1] + max_new)
+        self.tokens[:, : ids.shape[1]] = ids
+        self.length = ids.shape[1]
+
+    @property
+    def ids(self) -> Tensor:
+        """The output so far, (B, T): a view of the output buffer."""
+        return self.tokens[:, : self.length]
 
     @classmethod
     def held(cls, width: int) -> int:
@@ -62,12 +141,18 @@ class Steps:
         """Next-token logits (B, V) after the input."""
         raise NotImplementedError
 
+    def record(self, token: Tensor) -> None:
+        """Append ``token`` (B,) to ``ids`` without a step (the last token, or one whose logits are not needed)."""
+        self.tokens[:, self.length] = token
+        self.length += 1
+
     def next(self, token: Tensor) -> Tensor:
-        """Append ``token`` (B,) to ``ids``; next-token logits (B, V) after it."""
+        """Append ``token`` (B,) to ``ids``; next-token logits (B, V) after it. With a static cache on CUDA
+        they are a graph's output (``StaticStep``): read them before the next call."""
         raise NotImplementedError
 
     def reorder(self, index: Tensor) -> None:
-        """Keep the rows ``index`` (B,) of everything held per row."""
+        """Keep the rows ``index`` (B,) of everything held per row; what a static step reads, in place."""
         raise NotImplementedError
 
     def history(self) -> tuple[Tensor, Tensor | None]:
@@ -87,13 +172,27 @@ def _decoder_logits(
     prefix_len: int | None,
     cache: Cache | None,
 ) -> Tensor:
-    """Next-token logits (B, V) after ``ids`` (B, T); the decoder's step, compiled for a static cache."""
+    """Next-token logits (B, V) after ``ids`` (B, T)."""
     hidden = model.features(ids, mask, position_ids=positions, prefix_len=prefix_len, cache=cache)  # (B, T, D)
     return model.logits(hidden[:, -1])
 
 
+def _decoder_step(
+    model: DecoderModel,
+    token: Tensor,
+    cache: Cache,
+    keys_mask: Tensor | None,
+    pads: Tensor | None,
+    prefix_len: int | None,
+) -> Tensor:
+    """Next-token logits (B, V) after ``token`` (B, 1), whose position is the cache's offset less the
+    row's ``pads`` (B, 1) padding tokens (None: no padding); the step compiled for a static cache."""
+    positions = None if pads is None else cache.offset - pads  # (B, 1), counted over real tokens
+    return _decoder_logits(model, token, keys_mask, positions, prefix_len, cache)
+
+
 def _decoder_start(
-    model: EncoderDecoderModel, ids: Tensor, memory: Tensor, src_mask: Tensor | None, cache: Cache | None
+    model: EncoderDecoderModel, ids: Tensor, cache: Cache | None, memory: Tensor, src_mask: Tensor | None
 ) -> Tensor:
     """Next-token logits (B, V) after the target ``ids`` (B, T); the decoder's step, compiled for a
     static cache (whose cross-attention already holds the encoder's keys and values)."""
@@ -106,9 +205,10 @@ class DecoderSteps(Steps):
     prompt and its continuation.
 
     An unpadded batch passes neither mask nor positions, so the stack takes its fast paths (no mask
-    tensor, positions from the cache length); only the last position goes through the LM head. With a
-    static cache, a padded batch passes one mask over all the cache's slots (the slots after the
-    prompt count as tokens: the causal mask hides each until it is written).
+    tensor, positions from the cache length); only the last position goes through the LM head. A
+    padded batch keeps its mask in a buffer as wide as the output (a static cache's: as its capacity),
+    whose columns after the prompt are 1; a static step reads all of it (the slots after the query
+    count as tokens: the causal mask hides each until it is written), a growing cache the columns so far.
     """
 
     left_pad = True
@@ -121,43 +221,56 @@ class DecoderSteps(Steps):
 
     def __init__(self, model: DecoderModel, ids: Tensor, mask: Tensor, caching: str | None, max_new: int) -> None:
         self.model, self.caching = model, caching
-        self.ids, self.mask = ids, mask
+        B, T = ids.shape
+        self._hold(ids, max_new)
         self.padded = not bool(mask.all())
-        self.prefix_len = ids.shape[1] if model.decoder.mask.needs_prefix_len else None  # the prompt
+        self.prefix_len = T if model.decoder.mask.needs_prefix_len else None  # the prompt
         self.cache: Cache | None = None
-        self.keys_mask = mask if self.padded else None  # (B, keys) padding over what the step attends to
-        self.step = _decoder_logits
+        self.static: StaticStep | None = None
+        width = T + max_new
         if caching == "static":
-            capacity = static_capacity(model, ids.shape[1] + max_new)
-            self.cache = model.new_cache(capacity, static=True)
-            if self.padded:
-                self.keys_mask = torch.cat([mask, mask.new_ones(len(mask), capacity - ids.shape[1])], dim=1)
-            self.step = compiled(_decoder_logits)
+            width = static_capacity(model, T + max_new)
+            self.cache = model.new_cache(width, static=True)
         elif caching == "dynamic":
-            self.cache = model.new_cache(ids.shape[1] + max_new)
+            self.cache = model.new_cache(T + max_new)
+        self.masks = torch.ones(B, width, dtype=mask.dtype, device=mask.device)  # (B, N) or (B, capacity)
+        self.masks[:, :T] = mask
+        self.pads = (T - mask.sum(-1, keepdim=True)) if self.padded else None  # (B, 1)
+        if caching == "static":
+            token = ids.new_zeros(B, 1)
+            keys_mask = self.masks if self.padded else None
+            args = (model, token, self.cache, keys_mask, self.pads, self.prefix_len)
+            self.static = StaticStep(_decoder_step, args, token, graph=replays_graphs(ids.device))
+
+    @property
+    def mask(self) -> Tensor:
+        """(B, T) 1 = token, 0 = padding, over the output so far."""
+        return self.masks[:, : self.length]
 
     def first(self) -> Tensor:
+        keys_mask = None
+        if self.padded:
+            keys_mask = self.masks if self.caching == "static" else self.mask
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0) if self.padded else None  # (B, T) over real tokens
-        return _decoder_logits(self.model, self.ids, self.keys_mask, positions, self.prefix_len, self.cache)
+        return _decoder_logits(self.model, self.ids, keys_mask, positions, self.prefix_len, self.cache)
 
     def next(self, token: Tensor) -> Tensor:
-        self.ids = torch.cat([self.ids, token[:, None]], dim=1)
-        if self.padded:
-            self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), 1)], dim=1)
-            if self.caching != "static":
-                self.keys_mask = self.mask
+        self.record(token)
         if self.caching is None:
             return self.first()
-        positions = self.mask.sum(-1, keepdim=True) - 1 if self.padded else None  # (B, 1)
-        return self.step(self.model, token[:, None], self.keys_mask, positions, self.prefix_len, self.cache)
+        if self.static is not None:
+            return self.static(token)
+        keys_mask = self.mask if self.padded else None  # (B, T): what the growing cache holds, and the token
+        return _decoder_step(self.model, token[:, None], self.cache, keys_mask, self.pads, self.prefix_len)
 
     def history(self) -> tuple[Tensor, Tensor | None]:
         return self.ids, self.mask if self.padded else None  # the prompt and its continuation, no padding
 
     def reorder(self, index: Tensor) -> None:
-        self.ids, self.mask = self.ids[index], self.mask[index]
-        if self.keys_mask is not None:
-            self.keys_mask = self.keys_mask[index]
+        self.tokens = self.tokens[index]
+        self.masks.copy_(self.masks[index])
+        if self.pads is not None:
+            self.pads.copy_(self.pads[index])
         if self.cache is not None:
             self.cache.reorder(index)
 
@@ -181,30 +294,35 @@ class EncoderDecoderSteps(Steps):
         self.src_mask = None if bool(src_mask.all()) else src_mask  # None: no padding to mask at any step
         self.memory = model.encode(src, self.src_mask)  # (B, S, D)
         start = model.config.decoder_start_token_id
-        self.ids = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
+        self._hold(torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device), max_new)
         self.cache: Cache | None = None
-        self.step = _decoder_start
+        self.static: StaticStep | None = None
         if caching == "static":
             self.cache = model.new_cache(static_capacity(model, max_new + 1), static=True)
-            self.step = compiled(_decoder_start)
+            token = self.tokens.new_zeros(src.shape[0], 1)
+            args = (model, token, self.cache, self.memory, self.src_mask)
+            self.static = StaticStep(_decoder_start, args, token, graph=replays_graphs(src.device))
         elif caching == "dynamic":
             self.cache = model.new_cache(max_new + 1)
 
     def first(self) -> Tensor:
-        return _decoder_start(self.model, self.ids, self.memory, self.src_mask, self.cache)
+        return _decoder_start(self.model, self.ids, self.cache, self.memory, self.src_mask)
 
     def next(self, token: Tensor) -> Tensor:
-        self.ids = torch.cat([self.ids, token[:, None]], dim=1)
+        self.record(token)
         if self.caching is None:
-            return _decoder_start(self.model, self.ids, self.memory, self.src_mask, None)
-        return self.step(self.model, token[:, None], self.memory, self.src_mask, self.cache)
+            return _decoder_start(self.model, self.ids, None, self.memory, self.src_mask)
+        if self.static is not None:
+            return self.static(token)
+        return _decoder_start(self.model, token[:, None], self.cache, self.memory, self.src_mask)
 
     def history(self) -> tuple[Tensor, Tensor | None]:
         return self.ids[:, 1:], None  # the target after its start token (often the pad token)
 
     def reorder(self, index: Tensor) -> None:
-        self.ids, self.memory = self.ids[index], self.memory[index]
+        self.tokens = self.tokens[index]
+        self.memory.copy_(self.memory[index])
         if self.src_mask is not None:
-            self.src_mask = self.src_mask[index]
+            self.src_mask.copy_(self.src_mask[index])
         if self.cache is not None:
             self.cache.reorder(index)

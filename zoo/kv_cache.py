@@ -14,7 +14,9 @@ runs. Kept keys stay in position order, the newest last: the mask's last columns
 
 A static cache (``Cache(..., static=True)``, what ``generate(compile=True)`` uses) allocates every
 position up front and counts them in a tensor, so each decoding step has the same shapes and reads
-no Python number that changes: a compiled step runs again without recompiling. Its attention reads
+no Python number that changes: a compiled step runs again without recompiling. Every write, and every
+reorder of rows (any cache's, for beam search), is in place, so a CUDA graph of that step, which reads
+fixed addresses, replays it (zoo.decoding.StaticStep). Its attention reads
 all ``capacity`` key slots; the mask hides those after the query (the causal part of every decoder
 mask), so the slots not yet written never count. It holds every position, windowed masks included.
 
@@ -148,6 +150,12 @@ class _Stored(nn.Module):
         """Bytes of the keys and values held, scales included (not of spare capacity)."""
         return sum(t[:, :, : self.held].numel() * t.element_size() for t in self._stored())
 
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows ``index`` (B,) in place (beam search keeps the caches of the surviving beams):
+        a compiled step, or a CUDA graph replaying it, holds these very tensors."""
+        for stored in self._stored():
+            stored.copy_(stored.index_select(0, index))
+
 
 class KVCache(_Stored):
     """Keys and values of one attention layer: (B, KV, held, hd), the last ``held`` of ``length``
@@ -209,13 +217,6 @@ class KVCache(_Stored):
         (self.k, self.k_scale), (self.v, self.v_scale) = self._pack(k), self._pack(v)
         self.length = k.shape[2]
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the caches of the surviving beams)."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-        if self.k_scale is not None:
-            self.k_scale, self.v_scale = self.k_scale.index_select(0, index), self.v_scale.index_select(0, index)
-
     def _grow(self, capacity: int, like: Tensor, like_scale: Tensor | None) -> None:
         B, KV, _, hd = like.shape
         old = self._stored()
@@ -265,11 +266,6 @@ class StaticKVCache(_Stored):
             stored.index_copy_(2, slots, t.to(stored.dtype))
         self.pos.add_(k.shape[2])
         return self._unpack(self.k, self.k_scale), self._unpack(self.v, self.v_scale)
-
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows in place (the compiled step holds these very tensors)."""
-        for stored in self._stored():
-            stored.copy_(stored.index_select(0, index))
 
 
 LayerCaches = tuple["KVCache | StaticKVCache", "KVCache | None"]  # one block's self- and cross-attention caches

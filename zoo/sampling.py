@@ -118,22 +118,49 @@ class TokenChoice:
         return cls(do_sample and temperature > 0, temperature, top_k, top_p, generator)
 
 
+EOS_CHECK_EVERY = 16  # steps between asking an accelerator whether every row has ended
+
+
+def eos_check_interval(device: torch.device) -> int:
+    """Steps between two checks that every row has ended: each check waits for the device, so an
+    accelerator, which runs ahead of the loop, is asked every ``EOS_CHECK_EVERY`` steps; a CPU, which
+    has finished each step by the time the loop reads it, at every step."""
+    return 1 if device.type == "cpu" else EOS_CHECK_EVERY
+
+
 def sample(
     steps: Steps, max_new: int, eos: int | None, pad: int, repeats: RepeatControls, choose: TokenChoice
 ) -> Tensor:
     """Up to ``max_new`` tokens, one per step, each picked by ``choose`` from the logits that ``repeats``
     leave; a row that has produced ``eos`` is padded with ``pad`` until every row has. Returns the
-    output (``steps.output()``)."""
+    output (``steps.output()``), cut after the step where the last row ended.
+
+    No step waits for the device but those that check whether every row has ended
+    (``eos_check_interval``); the steps run past that point are cut off, so the tokens are those of a
+    check at every step."""
     if max_new == 0:
         return steps.output()
+    start = steps.length
     logits = steps.first()  # (B, V)
-    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    for step in range(max_new):
-        token = choose(repeats(logits, *steps.history())).masked_fill(done, pad)  # (B,)
-        if eos is not None:
+    done = None if eos is None else torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    every = eos_check_interval(logits.device)
+    for step in range(1, max_new + 1):
+        token = choose(repeats(logits, *steps.history()))  # (B,)
+        if done is not None:
+            token = token.masked_fill(done, pad)
             done |= token == eos
-        if step == max_new - 1 or (eos is not None and bool(done.all())):
-            steps.ids = torch.cat([steps.ids, token[:, None]], dim=1)
+        if step == max_new or (done is not None and step % every == 0 and bool(done.all())):
+            steps.record(token)
             break
         logits = steps.next(token)
-    return steps.output()
+    out = steps.output()
+    return out if eos is None else out[:, : start + _ended(out[:, start:], eos)]
+
+
+def _ended(generated: Tensor, eos: int) -> int:
+    """How many of the tokens ``generated`` (B, n) it takes for every row to hold ``eos``; n when some
+    row never does."""
+    hit = generated == eos  # (B, n)
+    if not bool(hit.any(dim=-1).all()):
+        return generated.shape[1]
+    return int(hit.int().argmax(dim=-1).max()) + 1  # argmax: each row's first eos
