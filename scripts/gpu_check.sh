@@ -83,7 +83,7 @@ if [ $dry -eq 0 ]; then
   done
   step gpt_generator_muon "" "$py" -m tasks.cli.train trainer=gpu optimizer=muon optimizer.lr=1e-2 \
     "hydra.run.dir=$out/gpt_generator_muon"
-  step train_bench "" "$py" scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 \
+  step train_bench "" "$py" scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 10 --rounds 3 \
     --json "$out/gpu_bench.json"
   step decode_bench "" "$py" scripts/bench/decoding.py --gpu --json "$out/decode_bench.json"
   step flex_bench "" "$py" scripts/bench/flex.py --tokens 8192 --lengths 1024 2048 4096 --steps 5 \

@@ -17,6 +17,7 @@ from torchmetrics import Metric, MetricCollection
 import zoo
 from tasks.errors import DivergedError
 from tasks.parallel_layers import cut_parameters, whole_parameter_count
+from zoo.stats import peak_flops
 
 
 class Throughput(L.Callback):
@@ -30,8 +31,10 @@ class Throughput(L.Callback):
     trainer=tp, whose ranks read the same batches). FLOPs are the whole model's, a split one's too.
 
     Args:
-        peak_flops: peak FLOP/s of one device; None asks Lightning's table of known GPUs for the
-            trainer's precision (CPUs are not in it: set it to get an MFU there).
+        peak_flops: peak FLOP/s of one device; None looks the GPU up by name for the trainer's
+            precision, in zoo's table of dense peaks (``zoo.stats.peak_flops``: H100 and H200, which
+            Lightning lacks or lists with their 2:4-sparse figures), then in Lightning's
+            (CPUs are in neither: set it to get an MFU there).
         window: optimizer steps averaged per logged value.
     """
 
@@ -43,11 +46,26 @@ class Throughput(L.Callback):
         self._steps = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.peak_flops is None and trainer.strategy.root_device.type == "cuda":
+        device = trainer.strategy.root_device
+        if self.peak_flops is None and device.type == "cuda":
             from lightning.fabric.utilities.throughput import get_available_flops
 
-            dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
-            self.peak_flops = get_available_flops(trainer.strategy.root_device, dtype)
+            dtype = self.matmul_dtype(str(trainer.precision))
+            found = peak_flops(torch.cuda.get_device_name(device), dtype)
+            self.peak_flops = found or get_available_flops(device, torch.float32 if dtype == "tf32" else dtype)
+
+    @staticmethod
+    def matmul_dtype(precision: str) -> torch.dtype | str:
+        """The dtype a Lightning ``precision`` runs its matmuls in, as ``zoo.stats.peak_flops`` takes it:
+        "bf16-mixed" -> bfloat16, "16-mixed" -> float16, "32-true" -> "tf32" where float32 matmuls may use
+        tensor cores (``torch.set_float32_matmul_precision`` other than "highest"), else float32."""
+        if "bf16" in precision:
+            return torch.bfloat16
+        if "16" in precision:
+            return torch.float16
+        if "64" in precision:
+            return torch.float64
+        return "tf32" if torch.get_float32_matmul_precision() != "highest" else torch.float32
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int

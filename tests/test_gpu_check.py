@@ -85,7 +85,8 @@ def test_the_dry_run_runs_every_step_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert {name: status for name, (status, _) in _summary(out).items()} == dict.fromkeys(STEPS, "ok")
     rows = json.loads((out / "gpu_bench.json").read_text())
-    assert [r["compile"] for r in rows] == [False] and rows[0]["tokens_per_s"] > 0
+    assert [(r["model"], r["compile"]) for r in rows] == [("zoo", False), ("hf", False)]  # side by side
+    assert all(r["tokens_per_s"] > 0 for r in rows)
     assert all(r["tokens_per_s"] > 0 for r in json.loads((out / "flex_bench.json").read_text()))
     figures = json.loads((out / "gpu_check.json").read_text())  # the one JSON: every step and figure
     assert [row["step"] for row in figures["steps"]] == STEPS

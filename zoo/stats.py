@@ -9,6 +9,9 @@ weight per token plus 4 * layers * seq_len * (heads * head_dim) for the score an
 training (forward + backward) is 3x the forward. KV-cache bytes are
 2 (K and V) x layers x kv_heads x head_dim x seq_len x bytes per value x batch; an int8 cache
 (``kv_dtype="int8"``) takes 1 byte per value plus a 4-byte scale per head and position (zoo.kv_cache).
+
+Model FLOPs utilisation (MFU) divides the FLOPs per token times tokens per second by the device's peak:
+:func:`peak_flops` looks that up by the device's name in zoo's table of dense peaks (:data:`PEAK_FLOPS`).
 """
 
 from __future__ import annotations
@@ -98,3 +101,40 @@ def stats(
         kv_dtype=kv_dtype or str(dtype).removeprefix("torch."),
         active_params=params - inactive,
     )
+
+
+# Dense peak FLOP/s per compute dtype (no 2:4 sparsity: NVIDIA's datasheets print the sparse figure, twice
+# these, with an asterisk). "tf32" is a float32 matmul on tensor cores (torch.backends.cuda.matmul.allow_tf32).
+# Sources: NVIDIA H100 datasheet (2024, H100 SXM / PCIe / NVL columns, https://www.nvidia.com/en-us/data-center/h100/)
+# and H200 datasheet (H200 SXM / NVL columns, https://www.nvidia.com/en-us/data-center/h200/).
+_HOPPER_SXM = {"float32": 67e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12, "float8": 1978.9e12}
+_HOPPER_NVL = {"float32": 60e12, "tf32": 417.5e12, "bfloat16": 835.5e12, "float16": 835.5e12, "float8": 1670.5e12}
+_HOPPER_PCIE = {"float32": 51.2e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12, "float8": 1513e12}
+
+# (words that must all be in the lower-cased torch.cuda.get_device_name, dense peaks), the first match wins:
+# "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA GH200 480GB", "NVIDIA H100 80GB HBM3" (SXM5), "NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL"; an H100 of no named variant is taken to be an SXM5 (its HBM3 names vary by memory size).
+PEAK_FLOPS: tuple[tuple[tuple[str, ...], dict[str, float]], ...] = (
+    (("h200", "nvl"), _HOPPER_NVL),
+    (("h200",), _HOPPER_SXM),  # GH200's GPU too
+    (("h100", "nvl"), _HOPPER_NVL),
+    (("h100", "pcie"), _HOPPER_PCIE),
+    (("h100", "hbm2e"), _HOPPER_PCIE),  # the PCIe card's name under early drivers
+    (("h100",), _HOPPER_SXM),
+)
+
+
+def peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
+    """Dense peak FLOP/s of one device, by its name as ``torch.cuda.get_device_name`` gives it, for matmuls in
+    ``dtype`` (a torch dtype, or "tf32" for float32 matmuls on tensor cores); None for a device or dtype that
+    zoo's table (:data:`PEAK_FLOPS`: H100 and H200 variants) does not hold.
+
+    ``peak_flops("NVIDIA H200", torch.bfloat16) == 989.4e12``.
+    """
+    key = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    key = "float8" if key.startswith("float8") else key
+    name = device_name.lower()
+    for words, peaks in PEAK_FLOPS:
+        if all(word in name for word in words):
+            return peaks.get(key)
+    return None

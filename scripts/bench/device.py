@@ -1,71 +1,343 @@
-"""GPU training throughput and MFU of a zoo preset, torch.compile off and on: the benchmark of
-scripts/gpu_check.sh (on a CPU, with a tiny preset, its dry run).
+"""GPU training throughput and MFU of a zoo decoder preset beside transformers' twin of it, eager and compiled:
+the benchmark of scripts/gpu_check.sh (on a CPU, with a tiny preset, its dry run).
 
-    python scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 20 --json gpu_bench.json
+    python scripts/bench/device.py --preset gpt2 --batch 16 --length 1024 --steps 10 --json gpu_bench.json
+    python scripts/bench/device.py --preset gpt2 --compile on --variants zoo zoo-loss-outside zoo-chunked zoo-blocks hf
     python scripts/bench/device.py --preset gpt-tiny --batch 2 --length 64 --steps 2 --device cpu --compile off
+
+One process, one set of weights: the zoo preset built with seed 0 and written as a HF folder (``zoo.to_hf``),
+which transformers loads (``GPT2LMHeadModel`` for the gpt presets). Every variant trains its own copy on the
+same batch: bf16 autocast, fused AdamW, TF32 and SDPA on a GPU; fp32 on a CPU. A step is the loss, its
+backward and the optimizer step. Variants (``--variants``):
+
+- ``zoo``: the forward and the loss, ``F.cross_entropy(logits.float())``, as one function; compiled, the
+  logits' upcast, softmax and their backward fuse into the graph instead of making (N, V) fp32 copies;
+- ``zoo-loss-outside``: the model compiled alone (``model.compile()``, what ``compile: true`` does in zoo-train
+  today), the loss eager after it (compiled only);
+- ``zoo-chunked``: the loss ``zoo.chunked_cross_entropy`` (``--loss-chunk`` rows at a time, each chunk
+  checkpointed, task.loss_chunk), compiled with the forward;
+- ``zoo-blocks``: per-block (regional) compilation: each block compiled, and the head with the loss;
+  embeddings and the final norm eager (compiled only);
+- ``zoo-padded-vocab``: an experiment outside the library: the head's matmul over the vocabulary padded with
+  zero rows to a multiple of 128 (50,257 -> 50,304: tensor-core tiles, aligned rows), its logits cut back to
+  the vocabulary before the loss (the same loss; GPT-2 presets: a plain tied or untied head);
+- ``hf``: transformers' own training call, ``model(input_ids, labels=..., shift_labels=...).loss`` (the same
+  targets), as one function.
+
+Rounds alternate in rotating order, so drift hits every variant; the first calls (compilation) are not
+timed. Reported per row: median tokens/s and its spread over rounds, model TFLOP/s and MFU (``zoo.stats``'s
+training FLOPs per token over the device's dense peak, ``zoo.stats.peak_flops``), peak memory of the step
+(its model's weights, gradients and optimizer state plus what the step allocates), the ratio to ``hf`` at the
+same compile setting, the graphs and graph breaks of what is compiled (``torch._dynamo.explain``, CPU too),
+the kernels inductor generated for them (CPU too), CUDA kernels launched per step (torch.profiler, GPU only)
+and the seconds the first call took (compilation).
+The goals of the compiled ``zoo`` rows: MFU >= 45% and >= 1.3x ``hf`` compiled, each said met or not.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
+import statistics
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
+from rich.table import Table
 
 import zoo
 from zoo.io import atomic_write_text
+from zoo.models import DecoderModel
+from zoo.stats import peak_flops
+
+VARIANTS = ("zoo", "zoo-loss-outside", "zoo-chunked", "zoo-blocks", "zoo-padded-vocab", "hf")
+COMPILED_ONLY = ("zoo-loss-outside", "zoo-blocks")  # eager, these are the zoo variant
+GOAL_MFU, GOAL_VS_HF = 0.45, 1.3
 
 
-def bench_device_training(
-    preset: str, *, batch: int, length: int, steps: int, compile: bool, device: str
-) -> dict[str, Any]:
-    """Training throughput and MFU of a zoo preset: bf16 autocast, fused AdamW, TF32 and the SDPA
-    kernels on a GPU; the same loop in fp32 on a CPU (the dry run of scripts/gpu_check.sh)."""
-    from lightning.fabric.utilities.throughput import get_available_flops
+@dataclass
+class Run:
+    """One variant at one compile setting: its model copy, optimizer and step."""
+
+    variant: str
+    compile: bool
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Callable[[], torch.Tensor]  # the step's loss, compiled where the variant compiles
+    traced: list[Callable[[], Any]]  # what it compiles, uncompiled: for torch._dynamo.explain
+    rates: list[float]
+    peak_bytes: int = 0
+    first_call_s: float = 0.0
+    generated_kernels: int | None = None  # kernels inductor wrote for its graphs (Triton on a GPU, C++ on a CPU)
+
+
+def hf_twin(model: zoo.ZooModel, folder: str) -> torch.nn.Module:
+    """transformers' model of the same weights: ``model`` written with ``zoo.to_hf`` and loaded back, in train
+    mode, on SDPA, its loss named (no warning inside a compiled forward)."""
+    from transformers import AutoModelForCausalLM
+
+    zoo.to_hf(model, folder)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    hf.loss_type = "ForCausalLM"  # named: transformers' warning about an unnamed one breaks the compiled graph
+    return hf.train()
+
+
+def build_runs(
+    zoo_model: zoo.ZooModel,
+    hf: torch.nn.Module | None,
+    ids: torch.Tensor,
+    variants: list[str],
+    compiles: tuple[bool, ...],
+    *,
+    loss_chunk: int,
+    cuda: bool,
+) -> list[Run]:
+    """A Run per variant and compile setting, each on its own copy of the weights (compiling a block or a
+    model changes it in place). ``ids``: (B, T + 1); the targets are the next tokens."""
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) each
+    runs = []
+    for variant in variants:
+        for compiled in compiles:
+            if variant in COMPILED_ONLY and not compiled:
+                continue
+            model = copy.deepcopy(hf if variant == "hf" else zoo_model)
+            loss, traced = _loss(variant, model, x, y, compiled=compiled, loss_chunk=loss_chunk)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+            runs.append(Run(variant, compiled, model, optimizer, loss, traced, []))
+    return runs
+
+
+def _loss(
+    variant: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, compiled: bool, loss_chunk: int
+) -> tuple[Callable[[], torch.Tensor], list[Callable[[], Any]]]:
+    """(the step's loss, the functions it compiles) of a variant; x, y: (B, T) inputs and targets."""
+
+    def cross_entropy(logits: torch.Tensor) -> torch.Tensor:  # (B, T, V) -> mean loss in fp32
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    compile = torch.compile if compiled else (lambda fn: fn)
+    if variant == "zoo":
+        whole = lambda: cross_entropy(model(x))  # noqa: E731
+        return compile(whole), [whole]
+    if variant == "zoo-chunked":
+        chunked = lambda: zoo.chunked_cross_entropy(model.features(x), model.logits, y, chunk=loss_chunk)  # noqa: E731
+        return compile(chunked), [chunked]
+    if variant == "zoo-loss-outside":
+        forward = torch.compile(model)  # shares the parameters; model.compile() in zoo-train
+        return (lambda: cross_entropy(forward(x))), [lambda: model(x)]
+    if variant == "zoo-blocks":
+        blocks = list(model.decoder.blocks)
+        inputs = model.decoder.prepare(x).local
+        head = lambda h: cross_entropy(model.logits(h))  # noqa: E731
+        compiled_head = torch.compile(head)
+        for block in blocks:
+            block.compile()
+        h = torch.zeros(*x.shape, model.config.d_model, device=x.device)
+        return (lambda: compiled_head(model.features(x))), [lambda: blocks[0](h, inputs), lambda: head(h)]
+    if variant == "zoo-padded-vocab":
+        padded = lambda: cross_entropy(padded_logits(model, model.features(x)))  # noqa: E731
+        return compile(padded), [padded]
+    hf_loss = lambda: model(input_ids=x, labels=y, shift_labels=y).loss  # noqa: E731
+    return compile(hf_loss), [hf_loss]
+
+
+def padded_logits(model: zoo.ZooModel, hidden: torch.Tensor, multiple: int = 128) -> torch.Tensor:
+    """``model.logits(hidden)`` of a plain head (no logit_scale, no soft-cap), its matmul made over the
+    vocabulary padded with zero rows to a ``multiple``: (B, T, D) -> (B, T, V), a view of (B, T, V_padded)."""
+    cfg = model.config
+    if cfg.logit_scale != 1.0 or cfg.final_softcap is not None:
+        raise SystemExit("zoo-padded-vocab measures a plain head: no logit_scale, no final_softcap")
+    weight = model.embed.weight if model.lm_head is None else model.lm_head.weight  # (V, D)
+    pad = -cfg.vocab_size % multiple
+    return F.linear(hidden, F.pad(weight, (0, 0, 0, pad)))[..., : cfg.vocab_size]  # (B, T, V_padded) cut to V
+
+
+def explain(fns: list[Callable[[], Any]], autocast: torch.autocast) -> tuple[int, int]:
+    """(graphs, graph breaks) dynamo makes of ``fns`` (traced without compiling, under ``autocast``)."""
+    graphs = breaks = 0
+    for fn in fns:
+        with autocast:
+            result = torch._dynamo.explain(fn)()
+        graphs, breaks = graphs + result.graph_count, breaks + result.graph_break_count
+    return graphs, breaks
+
+
+def cuda_kernels(step: Callable[[], None]) -> int | None:
+    """CUDA kernels one call of ``step`` launches (torch.profiler); None where the profiler cannot tell."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
+    except RuntimeError as error:  # an optional figure: the run's timings matter more
+        print(f"note: no kernel count ({error})")
+        return None
+
+
+def bench_device(
+    preset: str,
+    *,
+    batch: int,
+    length: int,
+    steps: int,
+    rounds: int,
+    compiles: tuple[bool, ...],
+    device: str,
+    variants: list[str],
+    loss_chunk: int = 4096,
+    warmup: int = 2,
+) -> list[dict[str, Any]]:
+    """One row per variant and compile setting (see the module's docstring)."""
+    from torch._inductor import metrics
 
     cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    with torch.device(device):
-        model = zoo.create_model(preset, seed=0, max_seq_len=max(length, 1024) if preset.startswith("gpt") else None)
-    if compile:
-        model.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length + 1), device=device)
-    dtype = torch.bfloat16 if cuda else torch.float32
+    cfg = zoo.get_config(preset)
+    longer = {"max_seq_len": length} if cfg.max_seq_len is not None and length > cfg.max_seq_len else {}
+    zoo_model = zoo.create_model(preset, seed=0, **longer).train()
+    if not isinstance(zoo_model, DecoderModel):
+        raise SystemExit(f"scripts/bench/device.py trains decoders (next-token loss); {preset} is {cfg.arch}")
+    hf = None
+    if "hf" in variants:
+        with tempfile.TemporaryDirectory() as folder:
+            hf = hf_twin(zoo_model, str(Path(folder) / "hf")).to(device)
+    zoo_model.to(device)
+    ids = torch.randint(0, cfg.vocab_size, (batch, length + 1), generator=torch.Generator().manual_seed(0))
+    runs = build_runs(zoo_model, hf, ids.to(device), variants, compiles, loss_chunk=loss_chunk, cuda=cuda)
+    del zoo_model, hf
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cuda)
+    structure = {id(run): explain(run.traced, autocast) if run.compile else (None, None) for run in runs}
+    torch._dynamo.reset()  # explain's traces are not the compiled ones
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def step() -> None:
-        with torch.autocast(device.split(":")[0], dtype=dtype, enabled=cuda):
-            logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+    def step(run: Run) -> None:
+        with autocast:
+            loss = run.loss()
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
 
-    seconds = time_steps(step, steps, warmup=3, cuda=cuda)
-    tokens_per_s = batch * length * steps / seconds
-    flops_per_token = zoo.stats(model.config, seq_len=length).flops_per_token_train
-    peak = get_available_flops(torch.device(device), dtype) if cuda else None
+    for run in runs:  # first calls: compilation (forward and backward graphs), lazy optimizer state
+        sync()
+        metrics.reset()
+        start = time.perf_counter()
+        step(run)
+        sync()
+        run.first_call_s = time.perf_counter() - start
+        run.generated_kernels = metrics.generated_kernel_count if run.compile else None
+    for run in runs:  # after every compilation: its worker processes may hold the CPU for a while
+        for _ in range(warmup):
+            step(run)
+    for r in range(rounds):
+        for run in runs[r % len(runs) :] + runs[: r % len(runs)]:
+            held = _held_bytes(run)
+            if cuda:
+                sync()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(run)
+            sync()
+            run.rates.append(batch * length * steps / (time.perf_counter() - start))
+            if cuda:
+                run.peak_bytes = max(run.peak_bytes, held + torch.cuda.max_memory_allocated() - base)
+    kernels = {id(run): cuda_kernels(lambda run=run: step(run)) if cuda else None for run in runs}
+    name = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
+    peak = _peak(name, device) if cuda else None
+    flops_per_token = zoo.stats(runs[0].model.config if runs[0].variant != "hf" else cfg, seq_len=length)
+    rows = [
+        _row(run, preset, name, batch, length, steps, flops_per_token.flops_per_token_train, peak, structure, kernels)
+        for run in runs
+    ]
+    _compare(rows)
+    return rows
+
+
+def _held_bytes(run: Run) -> int:
+    """Bytes its model's weights and optimizer state hold between steps (what a lone run would also hold)."""
+    tensors = list(run.model.parameters()) + [
+        t for state in run.optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)
+    ]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _peak(name: str, device: str) -> float | None:
+    """The device's dense bf16 peak: zoo's table (H100, H200), else Lightning's."""
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    return peak_flops(name, torch.bfloat16) or get_available_flops(torch.device(device), torch.bfloat16)
+
+
+def _row(
+    run: Run,
+    preset: str,
+    device: str,
+    batch: int,
+    length: int,
+    steps: int,
+    flops_per_token: int,
+    peak: float | None,
+    structure: dict[int, tuple[int | None, int | None]],
+    kernels: dict[int, int | None],
+) -> dict[str, Any]:
+    tokens_per_s = statistics.median(run.rates)
+    graphs, breaks = structure[id(run)]
     return {
+        "model": "hf" if run.variant == "hf" else "zoo",
+        "variant": run.variant,
+        "compile": run.compile,
         "preset": preset,
-        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "compile": compile,
+        "device": device,
         "batch": batch,
         "length": length,
+        "steps": steps,
+        "rounds": len(run.rates),
         "tokens_per_s": tokens_per_s,
+        "tokens_per_s_spread": [min(run.rates), max(run.rates)],
+        "step_ms": batch * length / tokens_per_s * 1e3,
         "model_tflops_per_s": tokens_per_s * flops_per_token / 1e12,
         "mfu": tokens_per_s * flops_per_token / peak if peak else None,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "peak_memory_gib": run.peak_bytes / 2**30 if run.peak_bytes else None,
+        "graphs": graphs,
+        "graph_breaks": breaks,
+        "inductor_kernels": run.generated_kernels,
+        "cuda_kernels_per_step": kernels[id(run)],
+        "first_call_s": run.first_call_s,
+        "vs_hf": None,
+        "goal_mfu": None,
+        "mfu_met": None,
+        "goal_vs_hf": None,
+        "vs_hf_met": None,
     }
 
 
-def time_steps(step: Any, steps: int, *, warmup: int, cuda: bool) -> float:
+def _compare(rows: list[dict[str, Any]]) -> None:
+    """Each row's ratio to ``hf`` at its compile setting; the goals on the compiled zoo rows."""
+    hf = {row["compile"]: row["tokens_per_s"] for row in rows if row["model"] == "hf"}
+    for row in rows:
+        if row["compile"] in hf:
+            row["vs_hf"] = row["tokens_per_s"] / hf[row["compile"]]
+        if row["model"] == "zoo" and row["compile"]:
+            row["goal_mfu"], row["goal_vs_hf"] = GOAL_MFU, GOAL_VS_HF
+            row["mfu_met"] = None if row["mfu"] is None else row["mfu"] >= GOAL_MFU
+            row["vs_hf_met"] = None if row["vs_hf"] is None else row["vs_hf"] >= GOAL_VS_HF
+
+
+def time_steps(step: Callable[[], None], steps: int, *, warmup: int, cuda: bool) -> float:
     """Seconds for ``steps`` calls of ``step`` after ``warmup`` untimed ones (and compilation), the
-    device synchronised around the timed ones."""
+    device synchronised around the timed ones (scripts/bench/flex.py times its runs so)."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(warmup):
         step()
@@ -77,35 +349,91 @@ def time_steps(step: Any, steps: int, *, warmup: int, cuda: bool) -> float:
     return time.perf_counter() - start
 
 
+def bench_device_training(
+    preset: str, *, batch: int, length: int, steps: int, compile: bool, device: str
+) -> dict[str, Any]:
+    """The ``zoo`` variant's row alone, at one compile setting, one round."""
+    return bench_device(
+        preset, batch=batch, length=length, steps=steps, rounds=1, compiles=(compile,), device=device, variants=["zoo"]
+    )[0]
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    console = Console(width=160)  # the whole table in a log too
+    first = rows[0]
+    table = Table(title=f"{first['preset']} on {first['device']}, batch {first['batch']} x {first['length']}")
+    table.add_column("variant", no_wrap=True)
+    for column in ("compile", "tokens/s (min..max)", "step ms", "MFU", "TFLOP/s", "peak GiB", "vs hf", "graphs/breaks"):
+        table.add_column(column, justify="right")
+    for column in ("inductor kernels", "CUDA kernels/step", "first call s"):
+        table.add_column(column, justify="right")
+
+    def show(value: Any, form: str) -> str:
+        return "n/a" if value is None else format(value, form)
+
+    for row in rows:
+        low, high = row["tokens_per_s_spread"]
+        graphs = "-" if row["graphs"] is None else f"{row['graphs']}/{row['graph_breaks']}"
+        table.add_row(
+            row["variant"],
+            "on" if row["compile"] else "off",
+            f"{row['tokens_per_s']:,.0f} ({low:,.0f}..{high:,.0f})",
+            f"{row['step_ms']:.1f}",
+            show(row["mfu"], ".1%"),
+            f"{row['model_tflops_per_s']:.1f}",
+            show(row["peak_memory_gib"], ".2f"),
+            show(row["vs_hf"], ".2f"),
+            graphs,
+            show(row["inductor_kernels"], "d"),
+            show(row["cuda_kernels_per_step"], "d"),
+            f"{row['first_call_s']:.1f}",
+        )
+    console.print(table)
+    for row in rows:
+        if row["goal_mfu"] is None:
+            continue
+        mfu = "n/a (no peak FLOP/s for this device)" if row["mfu_met"] is None else _met(row["mfu_met"])
+        ratio = "n/a (no compiled hf row)" if row["vs_hf_met"] is None else _met(row["vs_hf_met"])
+        console.print(f"goals of {row['variant']} compiled: MFU >= {GOAL_MFU:.0%}: {mfu}; >= {GOAL_VS_HF}x hf: {ratio}")
+
+
+def _met(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
 def device_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """GPT-2-124M training throughput and MFU with compile off and on (scripts/gpu_check.sh)."""
+    """Training throughput and MFU of zoo and transformers, eager and compiled (scripts/gpu_check.sh)."""
     parser = argparse.ArgumentParser(
         prog="scripts/bench/device.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="gpt2")
+    parser.add_argument("--preset", default="gpt2", help="a zoo decoder preset (transformers loads its to_hf folder)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, in rotating order over the variants")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--compile",
         choices=("off", "on", "both"),
         default="both",
-        help="torch.compile off, on, or both rows (inductor on a CPU takes minutes)",
+        help="torch.compile off, on, or both rows per variant (inductor on a CPU takes minutes)",
     )
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["zoo", "hf"])
+    parser.add_argument("--loss-chunk", type=int, default=4096, help="rows per chunk of zoo-chunked's loss")
     parser.add_argument("--json", default="gpu_bench.json", help="write the rows here (its folder is created)")
     args = parser.parse_args(argv)
-    rows = []
-    for compile in {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]:
-        row = bench_device_training(
-            args.preset, batch=args.batch, length=args.length, steps=args.steps, compile=compile, device=args.device
-        )
-        rows.append(row)
-        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a (peak FLOP/s unknown for this device)"
-        Console().print(
-            f"{row['preset']} on {row['device']}, compile={compile}: {row['tokens_per_s']:,.0f} tokens/s, "
-            f"{row['model_tflops_per_s']:.1f} model TFLOP/s, MFU {mfu}"
-        )
+    rows = bench_device(
+        args.preset,
+        batch=args.batch,
+        length=args.length,
+        steps=args.steps,
+        rounds=args.rounds,
+        compiles={"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
+        device=args.device,
+        variants=args.variants,
+        loss_chunk=args.loss_chunk,
+    )
+    report(rows)
     atomic_write_text(args.json, json.dumps(rows, indent=2))
     return rows
 
