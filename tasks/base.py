@@ -67,6 +67,7 @@ class ZooTask(L.LightningModule):
         self.run_info: dict[str, Any] | None = None  # set by zoo-train; stored in checkpoints as plain data
         self.specials: dict[str, Any] | None = None  # the tokenizer's special ids when not zoo's own (an HF folder's)
         self.base_ref: dict[str, Any] | None = None  # adapter.save=only: where the frozen base comes from (init_from)
+        self.compiled_loss: Callable[[dict[str, Any]], Tensor] | None = None  # compile=true: train_loss compiled
 
     @classmethod
     def check_model_config(cls, cfg: zoo.ModelConfig) -> None:
@@ -90,6 +91,25 @@ class ZooTask(L.LightningModule):
         parallelize = None if trainer is None else getattr(trainer.strategy, "parallelize", None)
         if parallelize is not None:
             parallelize(self)
+
+    def train_loss(self, batch: dict[str, Any]) -> Tensor:
+        """The loss of a training batch, for a task whose training step computes nothing else (no metric
+        reads it in training): what ``compile_steps`` compiles whole. A task whose training updates metrics
+        does not define it and trains through ``model_step``."""
+        raise NotImplementedError(f"{type(self).__name__} trains through model_step")
+
+    def training_loss(self, batch: dict[str, Any]) -> Tensor:
+        """``train_loss``, compiled when ``compile_steps`` compiled it."""
+        return (self.compiled_loss or self.train_loss)(batch)
+
+    def compile_steps(self) -> None:
+        """compile=true: the model's forward through ``torch.compile``, in place (parameter names, and so
+        checkpoints, stay the plain model's), and a ``train_loss`` compiled whole: the loss over the
+        vocabulary then runs in the model's graph instead of eagerly after it (scripts/bench/device.py
+        measures the two)."""
+        self.model.compile()
+        if type(self).train_loss is not ZooTask.train_loss:
+            self.compiled_loss = torch.compile(self.train_loss)
 
     def pipeline_step(self) -> Callable[[ZooTask, dict[str, Any], str], Tensor] | None:
         """The strategy's ``pipeline_step`` when it runs the model as pipeline stages (trainer=pp:

@@ -70,15 +70,19 @@ class GeneratorTask(ZooTask):
         return {} if stage == "train" else {"ppl": Perplexity(ignore_index=-100)}
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
-        if stage == "train" and self.loss_chunk:  # no metric reads the logits in training
+        if stage == "train":  # no metric reads the logits in training
+            return self.training_loss(batch)
+        logits = self.model(batch["input_ids"], document_ids=batch.get("document_ids"))  # (B, T, V)
+        self.metrics_at(stage).update(logits.float(), batch["labels"])
+        return next_token_loss(logits, batch["labels"])
+
+    def train_loss(self, batch: dict[str, Tensor]) -> Tensor:
+        """The next-token loss of a training batch: over the whole logits, or ``loss_chunk`` rows at a time."""
+        if self.loss_chunk:
             hidden = self.model.features(batch["input_ids"], document_ids=batch.get("document_ids"))  # (B, T, D)
             return zoo.chunked_cross_entropy(hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk)
         logits = self.model(batch["input_ids"], document_ids=batch.get("document_ids"))  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
-        metrics = self.metrics_at(stage)
-        if metrics:  # perplexity outside training only: no float copy of the logits there
-            metrics.update(logits.float(), batch["labels"])
-        return loss
+        return next_token_loss(logits, batch["labels"])
 
     def pipeline_batch(self, batch: dict[str, Tensor]) -> PipelineBatch:
         """The batch cut for pipeline stages (trainer=pp): token ids in, packed documents' ids to every
@@ -151,3 +155,8 @@ class GeneratorTask(ZooTask):
             compile=bool(compile),
             **sampling,
         )
+
+
+def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy of logits (B, T, V) against labels (B, T), in float32; -100 labels count nowhere."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)

@@ -65,26 +65,35 @@ class TranslatorTask(ZooTask):
     def model_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
         """Teacher-forced loss; outside training the batch is also translated for BLEU/chrF (in
         validation only ``decode_batches`` batches, spread over the length-sorted set)."""
-        if stage == "train" and self.loss_chunk:  # nothing is translated in training
-            memory = self.model.encode(batch["input_ids"], batch["attention_mask"])  # (B, S, D)
-            hidden = self.model.decoder_features(batch["decoder_input_ids"], memory, batch["attention_mask"])
-            return zoo.chunked_cross_entropy(
-                hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk, label_smoothing=self.label_smoothing
-            )  # hidden: (B, T, D)
-        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            batch["labels"].flatten(),
-            ignore_index=-100,
-            label_smoothing=self.label_smoothing,
-        )
-        if stage == "train" or (stage == "val" and batch_idx % self.decode_stride()):
+        if stage == "train":  # nothing is translated in training
+            return self.training_loss(batch)
+        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
+        loss = self.smoothed_loss(logits, batch["labels"])
+        if stage == "val" and batch_idx % self.decode_stride():
             return loss
         hypotheses = self.translate_ids(batch["input_ids"], batch["attention_mask"])
         self.metrics_at(stage).update(hypotheses, [[ref] for ref in batch["references"]])
         if stage == "val" and batch_idx == 0 and not self.trainer.sanity_checking:
             self.show_samples(batch, hypotheses)
         return loss
+
+    def train_loss(self, batch: dict[str, Any]) -> Tensor:
+        """The teacher-forced, label-smoothed loss of a training batch: over the whole logits, or
+        ``loss_chunk`` target rows at a time."""
+        if self.loss_chunk:
+            memory = self.model.encode(batch["input_ids"], batch["attention_mask"])  # (B, S, D)
+            hidden = self.model.decoder_features(batch["decoder_input_ids"], memory, batch["attention_mask"])
+            return zoo.chunked_cross_entropy(
+                hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk, label_smoothing=self.label_smoothing
+            )  # hidden: (B, T, D)
+        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
+        return self.smoothed_loss(logits, batch["labels"])
+
+    def smoothed_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Mean label-smoothed cross-entropy of logits (B, T, V) against labels (B, T), in float32."""
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=self.label_smoothing
+        )
 
     def decode_stride(self) -> int:
         """Every how many validation batches one is translated, for ``decode_batches`` in all."""

@@ -85,3 +85,51 @@ def test_the_chunked_loss_is_one_graph():
     _one_graph(lambda: zoo.chunked_cross_entropy(model.features(x), model.logits, y, chunk=8))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the logits come in bf16, the loss in fp32
         _one_graph(lambda: F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten()))
+
+
+def _task_batch(kind: str, loss_chunk: int | None):
+    """A generator or translator task at tiny size and one training batch of it."""
+    from tasks import GeneratorTask, TranslatorTask
+
+    optimizer = {"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.95]}
+    ids = torch.randint(3, 97, (2, 12))
+    if kind == "generator":
+        cfg = zoo.get_config("gpt-tiny", vocab_size=97, d_model=32, n_heads=2, n_layers=1)
+        task = GeneratorTask(model=cfg.to_dict(), optimizer=optimizer, loss_chunk=loss_chunk)
+        return task, {"input_ids": ids, "labels": ids.roll(-1, 1)}
+    cfg = zoo.get_config("t5-tiny", vocab_size=97, d_model=32, n_heads=2, n_layers=1, d_ff=64)
+    task = TranslatorTask(model=cfg.to_dict(), optimizer=optimizer, loss_chunk=loss_chunk)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    return task, {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids, "labels": ids.roll(-1, 1)}
+
+
+@pytest.mark.parametrize("loss_chunk", [None, 8])
+@pytest.mark.parametrize("kind", ["generator", "translator"])
+def test_compile_true_compiles_the_training_loss_whole(kind, loss_chunk, monkeypatch):
+    """zoo-train compile=true (ZooTask.compile_steps) compiles a task's train_loss, the model's forward and the
+    loss over the vocabulary, as one graph; its value is the eager loss's."""
+    task, batch = _task_batch(kind, loss_chunk)
+    task.train()
+    _one_graph(lambda: task.train_loss(batch))
+    compiled = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or real(fn, backend="eager", **kw))
+    eager = task.training_loss(batch)
+    task.compile_steps()
+    assert compiled[-1] == task.train_loss and len(compiled) == 2  # the model's forward, then the loss
+    torch.testing.assert_close(task.training_loss(batch), eager)
+    assert task.model_step(batch, 0, "train") is not None  # the training step goes through it
+    torch._dynamo.reset()
+
+
+def test_a_task_whose_training_updates_metrics_compiles_its_model_only(monkeypatch):
+    from tasks import ClassifierTask
+
+    cfg = zoo.get_config("bert-tiny", vocab_size=97, d_model=32, n_heads=2, n_layers=1)
+    task = ClassifierTask(model=cfg.to_dict(), optimizer={"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+                          label_names=["a", "b"])  # fmt: skip
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or fn)
+    task.compile_steps()
+    assert task.compiled_loss is None and compiled == [task.model._call_impl]

@@ -156,3 +156,21 @@ def test_the_closing_table_gives_the_pace_and_mfu_that_the_gpu_check_reads(capsy
     pace = gpu_summary.PACE.search(out)
     assert pace and (pace[1], pace[2], pace[3]) == ("1,000", "90.3", "11.07"), out
     assert "43.2% of the devices' peak" in out
+
+
+@pytest.mark.slow
+def test_compile_true_trains_the_losses_of_the_eager_run(tmp_path):
+    """zoo-train compile=true (the model's forward and the training loss compiled whole, inductor on the CPU)
+    trains the eager run's losses, and its checkpoint keeps the plain model's names."""
+    import csv
+
+    losses = {}
+    for compile in ("false", "true"):
+        out = tmp_path / compile
+        train(compose_train("gpt_generator", out, f"compile={compile}", "test=false", "trainer.max_steps=4"))
+        with (out / "logs" / "metrics.csv").open() as f:
+            losses[compile] = [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert len(losses["true"]) == 4
+    torch.testing.assert_close(losses["true"], losses["false"], rtol=1e-4, atol=1e-4)
+    state = torch.load(tmp_path / "true" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert not any("_orig_mod" in name for name in state)

@@ -129,7 +129,7 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     if start:
         task.init_from(start, source=str(cfg.init_from), partial=bool(cfg.init_partial))
     if cfg.compile:
-        task.model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
+        task.compile_steps()  # in place: parameter names (and checkpoints) stay those of the plain model
     return task
 
 
