@@ -22,7 +22,7 @@ def _script(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["hf_compare", "device", "flex"])
+@pytest.mark.parametrize("name", ["hf_compare", "device", "flex", "text_metrics"])
 def test_each_script_runs_from_a_checkout(name):
     out = subprocess.run(
         [sys.executable, str(BENCH / f"{name}.py"), "--help"], capture_output=True, text=True, timeout=120, cwd="/"
@@ -186,3 +186,12 @@ def test_optimizer_bench_tiny_times_both_optimizers_from_a_checkout(tmp_path):
         result["adamw"]["tokens_per_s"] / result["muon"]["tokens_per_s"]
     )
     assert "a training step under muon takes" in done.stdout
+
+
+def test_text_metrics_bench_reports_both_sides_on_the_same_batch(tmp_path):
+    out = tmp_path / "text_metrics.json"
+    result = _script("text_metrics").run(["--sentences", "12", "--rounds", "2", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    zoo_side, theirs = result["zoo ChrF"], result["torchmetrics CHRFScore"]
+    assert zoo_side["ms_per_batch"] > 0 and theirs["ms_per_batch"] > 0 and result["speedup"] > 0
+    assert 0 < zoo_side["score"] < 1 and math.isclose(zoo_side["score"], theirs["score"], abs_tol=1e-5)
