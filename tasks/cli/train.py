@@ -179,11 +179,12 @@ def tested(trainer: L.Trainer, task: Any, datamodule: Any, best: str, plan: RunP
 def failures_kept(plan: RunPlan) -> Iterator[None]:
     """What ends fitting or testing that is no user mistake (a library's refusal, a CUDA error, a bug)
     ends the verb in one line, a RunFailed naming the error and the file in the run directory that
-    keeps its whole traceback; user mistakes, a diverged run and interrupts pass as they are."""
+    keeps its whole traceback; user mistakes, interrupts and what a callback raised to stop the run on
+    purpose (``resumable = False``: a diverged run, a pruned trial) pass as they are."""
     try:
         yield
     except Exception as error:
-        if one_line(error) is not None or getattr(error, "exit_quietly", False):
+        if one_line(error) is not None or not getattr(error, "resumable", True) or getattr(error, "exit_quietly", False):
             raise
         raise RunFailed(error, keep_traceback(plan.run_dir, error) if plan.writes else None) from error
 
