@@ -9,6 +9,9 @@
 - ``load_weights_file(path)`` is how zoo (and every verb above it) reads a ``torch.save`` file: it
   refuses URLs, says what is wrong with a missing, empty, text or truncated file in one line, and
   only ever unpickles with ``weights_only=True`` (plain data and tensors; no code can run).
+- ``read_handed(folder, name, limit)`` / ``handed_path(...)`` is how zoo reads a file out of a folder
+  a user hands it (an HF model folder, a zoo model folder): the file must be that folder's own (see
+  ``handed_path``), so no link can carry another file's text into what zoo writes.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import pickle
 import re
 import shutil
 import stat
 import tempfile
+import typing
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -142,6 +147,131 @@ def load_weights_file(path: str | os.PathLike, map_location: Any = "cpu", *, wha
         raise CheckpointError(
             f"{path}: the {what} file is damaged or truncated ({_short(str(error))}); use another checkpoint"
         ) from None
+
+
+# ---- files of a handed folder ----------------------------------------------------------------------
+MiB = 2**20
+JSON_LIMIT = 16 * MiB
+"""config.json, generation_config.json, tokenizer_config.json, special_tokens_map.json, chat_template.json:
+the largest real ones (a tokenizer_config.json listing thousands of added tokens) are a few MB."""
+INDEX_LIMIT = 64 * MiB
+"""A weight index (``*.index.json``): one line per tensor, some 100 kB for a model of a thousand tensors."""
+TEMPLATE_LIMIT = 4 * MiB
+"""chat_template.jinja: real templates are a few kB to some 100 kB."""
+TOKENIZER_LIMIT = 256 * MiB
+"""tokenizer.json: the largest vocabularies (Gemma 3's 262k tokens) are some 35 MB."""
+
+
+def handed_path(
+    folder: str | os.PathLike, name: str, *, limit: int | None, error: type[Exception] = CheckpointError
+) -> Path | None:
+    """The real path of the file ``name`` in the handed ``folder``, checked before anything is read;
+    None when there is no such file (nor a link by that name to one). Raises ``error`` naming the
+    file and why, unless the file is the folder's own:
+
+    - it resolves inside ``folder`` (a symbolic link may point to another file of the folder). A
+      folder of the Hugging Face hub cache (``<repo>/snapshots/<revision>/``) holds links to
+      ``<repo>/blobs/<hash>``: a link into that ``blobs`` folder is the folder's own too;
+    - it is a regular file: not a FIFO (a read would wait forever), a device or a folder;
+    - it has no other name outside those folders: a hard link has ``st_nlink > 1``, and the file is
+      refused unless every one of its names is found in ``folder`` (or the cache's ``blobs``);
+    - it holds at most ``limit`` bytes (None: no limit, for weights whose own header bounds them).
+
+    The checks use ``stat`` on the resolved path (a FIFO or a device is never opened);
+    :func:`read_handed` checks again on the file it opens."""
+    path = Path(folder) / name
+    if not os.path.lexists(path):
+        return None
+    try:
+        real = Path(os.path.realpath(path))
+        info = os.stat(real)
+    except FileNotFoundError:
+        return None  # a link to nothing: the file is missing, as the caller says
+    except OSError as err:
+        raise error(f"{path}: cannot be read ({err.strerror}); fix the folder or copy the file into it") from None
+    roots = handed_roots(folder)
+    if not any(real.is_relative_to(root) for root in roots):
+        raise error(
+            f"{path}: a symbolic link to {real}, outside the folder; zoo reads only the folder's own "
+            f"files: copy the file into the folder in place of the link"
+        )
+    _check_handed(path, info, roots, limit, error)
+    return real
+
+
+def read_handed(
+    folder: str | os.PathLike, name: str, *, limit: int, error: type[Exception] = CheckpointError
+) -> bytes | None:
+    """The bytes of the file ``name`` in the handed ``folder`` (:func:`handed_path` says which files
+    are refused), None when there is none. The file is opened without blocking and checked again
+    through its descriptor, so a file swapped for a FIFO or a larger one after the check is refused too."""
+    real = handed_path(folder, name, limit=limit, error=error)
+    if real is None:
+        return None
+    path = Path(folder) / name
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as err:
+        raise error(f"{path}: cannot be read ({err.strerror}); fix the folder or copy the file into it") from None
+    with os.fdopen(fd, "rb") as f:
+        _check_handed(path, os.fstat(fd), handed_roots(folder), limit, error)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        _too_large(path, len(data), limit, error)
+    return data
+
+
+def handed_roots(folder: str | os.PathLike) -> list[Path]:
+    """Where the files of the handed ``folder`` may be: the folder itself and, for a snapshot of the
+    Hugging Face hub cache (``<repo>/snapshots/<revision>``), that repo's ``blobs`` folder."""
+    real = Path(os.path.realpath(folder))
+    roots = [real]
+    if real.parent.name == "snapshots" and (real.parent.parent / "blobs").is_dir():
+        roots.append(real.parent.parent / "blobs")
+    return roots
+
+
+def parse_json(data: bytes | str) -> Any:
+    """``json.loads`` of a handed file's text; JSON nested so deep that parsing it would exhaust
+    Python's recursion (a real file nests a few levels) is a ValueError, as any other JSON that
+    cannot be read."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deep to parse (a real one nests a few levels)") from None
+
+
+def _check_handed(
+    path: Path, info: os.stat_result, roots: list[Path], limit: int | None, error: type[Exception]
+) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        what = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device"
+        raise error(f"{path}: {what}, not a regular file; put the file itself in the folder")
+    if info.st_nlink > 1 and _names_in(roots, info) < info.st_nlink:
+        raise error(
+            f"{path}: a hard link ({info.st_nlink} names) to a file that also has a name outside the "
+            f"folder; zoo reads only the folder's own files: replace it by a copy (cp --remove-destination)"
+        )
+    if limit is not None and info.st_size > limit:
+        _too_large(path, info.st_size, limit, error)
+
+
+def _names_in(roots: list[Path], info: os.stat_result) -> int:
+    """How many names of the file ``info`` describes are in ``roots`` (their top level)."""
+    found = 0
+    for root in roots:
+        with contextlib.suppress(OSError), os.scandir(root) as entries:
+            for entry in entries:
+                seen = entry.stat(follow_symlinks=False)
+                found += (seen.st_dev, seen.st_ino) == (info.st_dev, info.st_ino)
+    return found
+
+
+def _too_large(path: Path, size: int, limit: int, error: type[Exception]) -> typing.NoReturn:
+    raise error(
+        f"{path}: {size:,} bytes, more than the {limit // MiB} MiB such a file may hold; it is not the "
+        f"file its name says: restore it"
+    )
 
 
 def _short(message: str, limit: int = 160) -> str:

@@ -20,7 +20,15 @@ import torch
 from torch import nn
 
 from zoo.config import ModelConfig
-from zoo.io import CheckpointError, atomic_write_text, atomic_write_with
+from zoo.io import (
+    JSON_LIMIT,
+    CheckpointError,
+    atomic_write_text,
+    atomic_write_with,
+    handed_path,
+    parse_json,
+    read_handed,
+)
 from zoo.models import ZooModel, build_model
 from zoo.registry import ConfigError
 
@@ -73,14 +81,15 @@ def read_config(folder: Path) -> ModelConfig:
             f"{folder}: {what}; pass a folder written by zoo.save_pretrained or zoo-export format=safetensors"
         )
     path = folder / "config.json"
-    if not path.is_file():
+    data = read_handed(folder, "config.json", limit=JSON_LIMIT)  # the folder's own file: zoo.io.handed_path
+    if data is None:
         raise CheckpointError(
             f"{path}: missing, so {folder} is not a zoo model folder; pass a folder written by "
             f"zoo.save_pretrained or zoo-export format=safetensors"
         )
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+        record = parse_json(data)
+    except ValueError as error:
         raise CheckpointError(
             f"{path}: not valid JSON ({_first_line(error)}); restore the file or export the model again"
         ) from None
@@ -99,7 +108,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape, from the header of a safetensors file alone (no tensor is read)."""
     from safetensors import SafetensorError, safe_open
 
-    if not path.is_file():
+    if handed_path(path.parent, path.name, limit=None) is None:  # the folder's own file, or a refusal
         if (path.parent / "model.onnx").is_file():
             raise CheckpointError(
                 f"{path}: missing; {path.parent} is an ONNX export (load its model.onnx with "

@@ -9,7 +9,6 @@ are instead of assuming zoo's ids.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tasks.errors import DataError
+from zoo.io import JSON_LIMIT, TEMPLATE_LIMIT, TOKENIZER_LIMIT, parse_json, read_handed
 
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
 PAD, UNK, BOS, EOS, MASK = range(len(SPECIALS))
@@ -156,6 +156,17 @@ def read_tokenizer(path: str | Path, field: str = "data.tokenizer_path") -> Toke
     return _parse(Path(path), f"{field}={path}", fix)
 
 
+def read_folder_tokenizer(folder: str | Path, field: str, fix: str) -> Tokenizer | None:
+    """The ``tokenizer.json`` of a handed model folder, read as the folder's own file
+    (``zoo.io.read_handed``: no link out of it, a regular file, at most ``TOKENIZER_LIMIT`` bytes);
+    None when the folder has none. A DataError naming ``field`` and ``fix`` when it is no tokenizer."""
+    path = Path(folder) / "tokenizer.json"
+    data = read_handed(folder, "tokenizer.json", limit=TOKENIZER_LIMIT, error=DataError)
+    if data is None:
+        return None
+    return _parse(path, f"{field}={path}", fix, data)
+
+
 HF_FIX = (
     "a Hugging Face model folder needs its fast tokenizer's tokenizer.json, which "
     "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes"
@@ -178,9 +189,9 @@ def read_hf_tokenizer(folder: str | Path, field: str = "init_from") -> tuple[Tok
         raise DataError(
             f"{where}: no such folder; point it at a Hugging Face model folder (save_pretrained writes one)"
         )
-    if not (folder / "tokenizer.json").is_file():
+    tok = read_folder_tokenizer(folder, field, HF_FIX)  # every file: the folder's own (zoo.io.read_handed)
+    if tok is None:
         raise DataError(f"{where}: no tokenizer.json in the folder; {HF_FIX}")
-    tok = _parse(folder / "tokenizer.json", f"{field}={folder / 'tokenizer.json'}", HF_FIX)
     tok.no_padding()
     tok.no_truncation()
     ids, others = _model_ids(_read_json(folder / "config.json", where), where)
@@ -205,11 +216,11 @@ def read_hf_tokenizer(folder: str | Path, field: str = "init_from") -> tuple[Tok
 def _chat_template(folder: Path, where: str) -> str | None:
     """The folder's chat template: chat_template.jinja (transformers 5 writes it there), else the
     "chat_template" of tokenizer_config.json (as a string, or the entry named "default" of a list)."""
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
+    jinja = read_handed(folder, "chat_template.jinja", limit=TEMPLATE_LIMIT, error=DataError)
+    if jinja is not None:
         try:
-            return jinja.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
+            return jinja.decode("utf-8")
+        except UnicodeDecodeError as error:
             raise DataError(
                 f"{where}: chat_template.jinja is not readable text ({error}); repair or remove it"
             ) from error
@@ -251,21 +262,24 @@ def _token_names(path: Path, where: str) -> dict[str, str]:
 
 
 def _read_json(path: Path, where: str) -> dict[str, Any]:
-    """The JSON object in ``path``; {} when there is no such file."""
-    if not path.is_file():
+    """The JSON object in ``path`` (a file of a handed folder: ``zoo.io.read_handed``); {} when there
+    is no such file."""
+    raw = read_handed(path.parent, path.name, limit=JSON_LIMIT, error=DataError)
+    if raw is None:
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        data = parse_json(raw)
+    except ValueError as error:
         raise DataError(f"{where}: {path.name} is not readable JSON ({error}); repair or remove it") from error
     if not isinstance(data, dict):
         raise DataError(f"{where}: {path.name} holds a {type(data).__name__}, not a JSON object; repair or remove it")
     return data
 
 
-def _parse(path: Path, where: str, fix: str) -> Tokenizer:
+def _parse(path: Path, where: str, fix: str, data: bytes | None = None) -> Tokenizer:
+    """The tokenizer in ``path`` (of the bytes already read from it: ``data``); a DataError when it is none."""
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_file(str(path)) if data is None else Tokenizer.from_str(data.decode("utf-8"))
     except Exception as error:  # tokenizers raises a bare Exception for any file it cannot parse
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise DataError(f"{where}: not a tokenizer file ({reason}); {fix}") from error

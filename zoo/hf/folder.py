@@ -1,6 +1,10 @@
 """Hugging Face model folders on disk: reading one as ``save_pretrained`` writes it (config.json and
 model.safetensors, sharded safetensors, or pytorch_model.bin read weights-only), resolving a hub
-repo id to its cached folder. ``zoo.to_hf`` writes one through ``zoo.io.atomic_folder``."""
+repo id to its cached folder. ``zoo.to_hf`` writes one through ``zoo.io.atomic_folder``.
+
+Every file is read through ``zoo.io.read_handed`` / ``handed_path``: it must be the folder's own
+(no link out of it but into a hub cache's blobs, a regular file, no hard link to a name elsewhere)
+and no larger than its kind allows, checked before it is read."""
 
 from __future__ import annotations
 
@@ -16,7 +20,15 @@ import torch
 from torch import Tensor
 
 from zoo.hf.mapping import FAMILIES
-from zoo.io import CheckpointError, load_weights_file
+from zoo.io import (
+    INDEX_LIMIT,
+    JSON_LIMIT,
+    CheckpointError,
+    handed_path,
+    load_weights_file,
+    parse_json,
+    read_handed,
+)
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -49,14 +61,19 @@ HUB_FILES = [
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder holding a HF ``config.json`` (with a ``model_type``)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
+    """Whether ``path`` is a folder holding a HF ``config.json`` (with a ``model_type``). A config.json
+    that is not the folder's own file (``zoo.io.handed_path``) or not JSON counts: reading the folder
+    then says why in one line (a zoo folder's config.json is JSON without a ``model_type``)."""
+    if not Path(path).is_dir():
         return False
     try:
-        return "model_type" in json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
+        data = read_handed(path, "config.json", limit=JSON_LIMIT)
+        if data is None:
+            return False
+        values = parse_json(data)
+    except ValueError:  # CheckpointError too
+        return True
+    return isinstance(values, dict) and "model_type" in values
 
 
 def resolve(source: str | os.PathLike) -> Path:
@@ -89,14 +106,15 @@ def read_config(folder: Path) -> SimpleNamespace:
     """config.json with the family's defaults under it (config.json leaves defaults out), every value
     the family reads of the type transformers writes (a CheckpointError names the first that is not)."""
     path = folder / "config.json"
-    if not path.is_file():
+    data = read_handed(folder, "config.json", limit=JSON_LIMIT)
+    if data is None:
         raise CheckpointError(
             f"{folder}: no config.json; point at a Hugging Face model folder (config.json + "
             "model.safetensors), as save_pretrained writes it"
         )
     try:
-        values = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        values = parse_json(data)
+    except ValueError as error:
         raise CheckpointError(f"{path}: not readable JSON ({error}); restore the file") from error
     if not isinstance(values, dict):
         raise CheckpointError(f"{path}: holds a JSON {type(values).__name__}, not a model config; restore the file")
@@ -115,15 +133,16 @@ def read_config(folder: Path) -> SimpleNamespace:
 def weight_files(folder: Path) -> list[Path]:
     """The folder's weight files: model.safetensors first, else the shards its index names (plain
     names beside the index, never a path out of the folder), else pytorch_model.bin."""
-    present = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+    present = [name for name in WEIGHT_FILES if handed_path(folder, name, limit=None) is not None]
     if not present:
         raise CheckpointError(f"{folder}: no weights ({', '.join(WEIGHT_FILES[::2])}); copy them into the folder")
     index = folder / present[0]
     if not index.name.endswith(".index.json"):
         return [index]
+    data = read_handed(folder, index.name, limit=INDEX_LIMIT) or b""  # a refusal names the index itself
     try:
-        shards = set(json.loads(index.read_text())["weight_map"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        shards = set(parse_json(data)["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise CheckpointError(f"{index}: not a weight index ({error}); restore the file") from error
     for shard in shards:
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", "..") or "\0" in shard:
@@ -163,10 +182,9 @@ def read_tensors(files: list[Path], known: dict[str, Tensor] | None = None) -> d
 def _header(path: Path) -> dict[str, Tensor]:
     from safetensors import SafetensorError, safe_open
 
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (the index names it); copy it into the folder")
+    real = _weights_path(path)
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(real), framework="pt") as f:
             slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
             return {
                 name: torch.empty(s.get_shape(), dtype=DTYPES.get(s.get_dtype(), torch.uint8), device="meta")
@@ -176,8 +194,18 @@ def _header(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error}); restore it") from error
 
 
+def _weights_path(path: Path) -> Path:
+    """The real path of the weights file ``path`` of a handed folder (``zoo.io.handed_path``: no size
+    limit, a safetensors header bounds its file); a CheckpointError when it is missing or refused."""
+    real = handed_path(path.parent, path.name, limit=None)
+    if real is None:
+        raise CheckpointError(f"{path}: missing (the index names it); copy it into the folder")
+    return real
+
+
 def _read_file(path: Path) -> dict[str, Tensor]:
     if path.suffix != ".safetensors":
+        _weights_path(path)  # checked; read by the name the user knows (the errors name it)
         state = load_weights_file(path, what="weights file")
         state = state.get("state_dict", state) if isinstance(state, dict) else state
         if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
@@ -186,10 +214,9 @@ def _read_file(path: Path) -> dict[str, Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (the index names it); copy it into the folder")
+    real = _weights_path(path)
     try:
-        return load_file(path)
+        return load_file(real)
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error}); restore it") from error
 
