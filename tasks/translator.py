@@ -18,6 +18,13 @@ from tasks.base import ZooTask
 from tasks.data.tokenizers import added_around
 from tasks.loggers import sample_block
 from tasks.text_metrics import ChrF
+from zoo.beam_search import check_beams
+from zoo.config import FloatRange
+
+SETTING_RANGES = {
+    "label_smoothing": FloatRange(0.0, 1.0, hint="the probability spread over the other tokens"),
+    "length_penalty": FloatRange(-math.inf, hint="scores divided by length**length_penalty"),
+}
 
 
 class TranslatorTask(ZooTask):
@@ -53,11 +60,25 @@ class TranslatorTask(ZooTask):
 
     @classmethod
     def check_settings(cls, settings: dict[str, Any], model: zoo.ModelConfig) -> None:
+        """Counts are whole numbers, floats finite and in range, and ``num_beams`` what beam search takes
+        (zoo.beam_search.check_beams: at most MAX_BEAMS, and no more than the distinct continuations)."""
         if (settings.get("loss_chunk") or 0) < 0:
             raise zoo.ConfigError(
                 f"task.loss_chunk={settings['loss_chunk']} must be >= 1 (rows per chunk of the "
                 f"training loss), or null or 0 for the whole logits at once"
             )
+        for name, least in (("num_beams", 1), ("max_new_tokens", 0), ("decode_batches", 0), ("n_samples", 0)):
+            value = settings.get(name, least)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise zoo.ConfigError(f"task.{name}={value!r} must be a whole number >= {least}")
+        try:
+            check_beams(settings.get("num_beams", 1), model.vocab_size, settings.get("max_new_tokens", 1))
+        except zoo.ConfigError as error:
+            raise zoo.ConfigError(f"task.{error}") from None
+        for name, allowed in SETTING_RANGES.items():
+            value = settings.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not allowed.holds(value):
+                raise zoo.ConfigError(f"task.{name}={value!r} must {allowed}")
 
     def metrics(self, stage: str) -> dict[str, Metric]:
         return {} if stage == "train" else {"bleu": BLEUScore(), "chrf": ChrF()}

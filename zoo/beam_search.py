@@ -24,9 +24,19 @@ if TYPE_CHECKING:
 Hypotheses = list[tuple[float, Tensor]]  # (score, new tokens), best first
 
 
+MAX_BEAMS = 1024
+"""The most beams zoo searches with: each is one more sequence decoded at every step, and beams past a
+few dozen rarely help (wider beams translate worse, Koehn and Knowles 2017, https://arxiv.org/abs/1706.03872)."""
+
+
 def check_beams(num_beams: int, vocab_size: int, new: int) -> None:
-    """A ConfigError for more beams than there are distinct continuations of ``new`` tokens: the
-    beams beyond them repeat others, and a huge count only runs long."""
+    """A ConfigError for more beams than ``MAX_BEAMS``, or than there are distinct continuations of
+    ``new`` tokens: the beams beyond them repeat others, and a huge count only runs long."""
+    if num_beams > MAX_BEAMS:
+        raise ConfigError(
+            f"num_beams={num_beams} is more than the {MAX_BEAMS} beams zoo searches with (each is one more "
+            f"sequence decoded at every step); use at most {MAX_BEAMS} (4 to 8 is usual)"
+        )
     if num_beams > 1 and new > 0 and new * math.log(vocab_size) < math.log(num_beams):
         most = vocab_size**new
         raise ConfigError(

@@ -213,6 +213,7 @@ class ModelConfig:
             ATTENTION.get(self.attention, field="attention"),
             MASK.get(self.resolved_mask, field="mask"),
         )
+        self._check_floats()  # first: a NaN passes every comparison a later check would make
         if self.qk_norm != "none" and self.qk_norm not in NORM:
             raise ConfigError(
                 f"qk_norm={self.qk_norm!r} is not a registered norm; valid: none, {', '.join(NORM.names())}"
@@ -282,30 +283,21 @@ class ModelConfig:
             f"every_<k> (every k-th block, e.g. every_2)"
         )
 
+    def _check_floats(self) -> None:
+        """Every float field is a finite number in its range (``FLOAT_RANGES``); None where the field allows it."""
+        for name, allowed in FLOAT_RANGES.items():
+            value = getattr(self, name)
+            if value is None and type(None) in _field_types()[name]:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not allowed.holds(value):
+                raise ConfigError(f"{name}={value!r} must {allowed}")
+
     def _check_values(self) -> None:
         self.checkpoint_every  # noqa: B018  (raises for an unknown policy)
         if self.window is not None and (
             isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0
         ):
             raise ConfigError(f"window={self.window!r} must be a positive integer (the positions a query sees)")
-        for name in ("dropout", "attn_dropout"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name}={value} must lie in [0, 1)")
-        for name in (
-            "norm_eps",
-            "logit_scale",
-            "embed_scale",
-            "rope_base",
-            "rope_base_global",
-            "init_std",
-            "attn_scale",
-            "attn_softcap",
-            "final_softcap",
-        ):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name}={value} must be > 0")
         if self.qk_norm_scope not in ("head", "all"):
             raise ConfigError(
                 f"qk_norm_scope={self.qk_norm_scope!r} must be 'head' (each head) or 'all' (every head at once)"
@@ -319,6 +311,58 @@ class ModelConfig:
             raise ConfigError(f"gelu_approximate={self.gelu_approximate!r} must be 'none' or 'tanh'")
 
 
+@dataclass(frozen=True)
+class FloatRange:
+    """The finite numbers a float field takes: from ``low`` (excluded when ``low_open``) to ``high``
+    (excluded when ``high_open``; ``math.inf``: no upper end). ``hint`` says what the field means."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = True
+    hint: str = ""
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        """What a value must do, after ``must``: ``lie in [0, 1)``, ``be > 0 and finite``, ``be finite``."""
+        if self.high != math.inf:
+            low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            rule = f"lie in {low}{self.low:g}, {self.high:g}{high}"
+        elif self.low != -math.inf:
+            rule = f"be {'>' if self.low_open else '>='} {self.low:g} and finite"
+        else:
+            rule = "be finite"
+        return rule + (f" ({self.hint})" if self.hint else "")
+
+
+POSITIVE = FloatRange(0.0, low_open=True)
+FLOAT_RANGES: dict[str, FloatRange] = {
+    "dropout": FloatRange(0.0, 1.0, hint="the fraction of activations dropped"),
+    "attn_dropout": FloatRange(0.0, 1.0, hint="null: = dropout"),
+    "norm_eps": POSITIVE,
+    "dyt_alpha": FloatRange(0.0, low_open=True, hint="the paper starts alpha at 0.5"),
+    "attn_scale": FloatRange(0.0, low_open=True, hint="null: 1/sqrt(head_dim)"),
+    "attn_softcap": FloatRange(0.0, low_open=True, hint="null: no cap"),
+    "final_softcap": FloatRange(0.0, low_open=True, hint="null: no cap"),
+    "logit_scale": POSITIVE,
+    "embed_scale": POSITIVE,
+    "rope_base": POSITIVE,
+    "rope_base_global": FloatRange(0.0, low_open=True, hint="null: = rope_base"),
+    "rope_scaling_factor": FloatRange(1.0, hint="the context extension; 1: none"),
+    "init_std": POSITIVE,
+    "moe_aux_loss_coef": FloatRange(0.0, hint="0 turns that loss off"),
+    "moe_z_loss_coef": FloatRange(0.0, hint="0 turns that loss off"),
+}
+"""The range of every float field of ModelConfig, checked first by ``validate`` (tests/test_float_settings.py
+walks the dataclass: a new float field needs its range here)."""
+
+
 def _either(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
@@ -329,7 +373,10 @@ def _defaults() -> dict[str, Any]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0][:12]
+    """Up to 12 divisors of ``n``, smallest first, for a message: those up to 4096 and their cofactors
+    (a size of 10^12 read from a file is named in no time)."""
+    small = [d for d in range(1, min(math.isqrt(n), 4096) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})[:12]
 
 
 @functools.cache

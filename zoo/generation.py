@@ -198,20 +198,22 @@ class GenerationMixin:
 
     def _check_memory(self, rows: int, start: int, new: int, max_new: int, device: torch.device) -> None:
         """Refuse, before allocating, a length whose keys and values (the KV cache: 2 x layers x
-        kv_heads x head_dim per position and sequence) and token ids cannot fit in free memory."""
-        free = _free_bytes(device)
+        kv_heads x head_dim per position and sequence), token ids and one step's float32 logits and
+        log-probabilities (2 x vocab_size per sequence) cannot fit in free memory."""
+        free = free_bytes(device)
         if free is None:
             return
         cfg = self.config
         layers = len(self.stacks()[-1].blocks)
         per_value = value_bytes(self.kv_dtype, cfg.resolved_head_dim, self.embed.weight.element_size())
         per_position = rows * (2 * layers * cfg.resolved_n_kv_heads * per_value + 8)
-        if (start + new) * per_position <= free:
+        per_step = rows * cfg.vocab_size * 2 * 4
+        if (start + new) * per_position + per_step <= free:
             return
-        fits = max(0, free // per_position - start)
+        fits = max(0, (free - per_step) // per_position - start)
         raise ConfigError(
             f"max_new_tokens={max_new} cannot fit: {rows} sequence(s) of {start + new} positions "
-            f"need {(start + new) * per_position / 2**30:.3g} GiB for keys, values and ids, and "
+            f"need {((start + new) * per_position + per_step) / 2**30:.3g} GiB for keys, values, ids and logits, and "
             f"{device.type} has {free / 2**30:.3g} GiB free; at most {fits} new tokens fit "
             f"(fewer prompts or beams leave room for more)"
         )
@@ -234,7 +236,7 @@ def _stopped_by_length(generated: Tensor, new: int, eos: int | None) -> bool:
     return eos is None or not bool((generated == eos).any(dim=-1).all())
 
 
-def _free_bytes(device: torch.device) -> int | None:
+def free_bytes(device: torch.device) -> int | None:
     """Memory the device can still give, in bytes; None where zoo cannot tell."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

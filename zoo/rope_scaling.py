@@ -25,7 +25,7 @@ class RopeScaling:
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
         """Raise ConfigError for settings this scaling cannot work with (RoPE.check calls it)."""
-        if cfg.rope_scaling_factor < 1.0:
+        if not cfg.rope_scaling_factor >= 1.0:  # NaN too
             raise ConfigError(f"rope_scaling_factor={cfg.rope_scaling_factor} must be >= 1 (the context extension)")
 
     def base(self, base: float, head_dim: int) -> float:

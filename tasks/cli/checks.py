@@ -19,6 +19,7 @@ from tasks import TASKS, ZooTask
 from tasks.base import SCHEDULE_KEYS, no_base_error
 from tasks.cli.schemas import model_config
 from tasks.optim import optimizer_settings
+from zoo.generation import free_bytes
 
 
 def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
@@ -51,6 +52,7 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
             f"does not read; add model/mask=document (or use data.packing=concat)"
         )
     check_strategy(cfg, model)
+    check_fits(cfg, model)
     return model
 
 
@@ -66,6 +68,85 @@ def check_strategy(cfg: DictConfig, model: zoo.ModelConfig) -> None:
         settings.pop("_target_")
         with torch.device("meta"):
             check(zoo.build_model(model), devices, **settings)
+
+
+TRAINING_COPIES = 4  # a trainable parameter's weight, gradient and AdamW's two moments, each of the weight's dtype
+HALF_PRECISIONS = ("16-true", "bf16-true", "16", "bf16")  # weights kept in 2 bytes; others keep float32 weights
+EXACT_LAYERS = 8  # deeper models are counted from 1- and 2-layer builds: the blocks of a stack are alike
+
+
+def check_fits(cfg: DictConfig, model: zoo.ModelConfig) -> None:
+    """Refuse, before anything is allocated, a model whose weights, gradients and optimizer state
+    (``TRAINING_COPIES`` per trainable parameter; the weights alone where the adapter freezes them) cannot
+    fit in the free memory of the devices the trainer uses. Activations come on top: passing is no promise."""
+    vocab = OmegaConf.select(cfg, "data.vocab_size", default=None)
+    if isinstance(vocab, int) and vocab > model.vocab_size and not cfg.get("init_from"):
+        model = model.replace(vocab_size=vocab)  # the data decides it, up to data.vocab_size
+    device, devices = _train_device(cfg)
+    free = free_bytes(device)
+    if free is None:
+        return
+    params = parameter_estimate(model)
+    adapter = OmegaConf.select(cfg, "adapter.name", default="none")
+    frozen = zoo.adapters.ADAPTERS.get(adapter, field="adapter").freezes_base
+    precision = str(OmegaConf.select(cfg, "trainer.precision", default="32-true"))
+    width = 2 if precision in HALF_PRECISIONS else 4
+    copies = 1 if frozen else TRAINING_COPIES
+    need, budget = params * width * copies, free * devices
+    if need <= budget:
+        return
+    sizes = ", ".join(f"model.{name}={value}" for name, value in _sizes(model).items())
+    what = "weights" if frozen else "weights, gradients and AdamW's two moments"
+    raise zoo.ConfigError(
+        f"the model has about {params:,} parameters ({sizes}): {need / 2**30:.3g} GiB for its {what} "
+        f"({width * copies} bytes a parameter) but {devices} {device.type} device(s) have "
+        f"{budget / 2**30:.3g} GiB free; lower those sizes"
+    )
+
+
+def _train_device(cfg: DictConfig) -> tuple[torch.device, int]:
+    """The device the trainer puts the model on (the first of them) and how many it uses."""
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu"))
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    devices = OmegaConf.select(cfg, "trainer.devices", default=1)
+    count = torch.cuda.device_count() if gpu else 1
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        count = count if devices == -1 else max(devices, 1)
+    return torch.device("cuda", 0) if gpu and torch.cuda.is_available() else torch.device("cpu"), max(count, 1)
+
+
+def _sizes(model: zoo.ModelConfig) -> dict[str, int]:
+    """The model fields that set its parameter count, resolved (``n_experts`` where its ffn reads it)."""
+    sizes = {"vocab_size": model.vocab_size, "d_model": model.d_model, "d_ff": model.resolved_d_ff}
+    if model.form.cross_attention:
+        sizes |= {"n_encoder_layers": model.resolved_n_encoder_layers}
+        sizes |= {"n_decoder_layers": model.resolved_n_decoder_layers}
+    else:
+        sizes |= {"n_layers": model.n_layers}
+    if "n_experts" in zoo.registry.FFN.get(model.ffn, field="ffn").reads:
+        sizes |= {"n_experts": model.n_experts}
+    return sizes
+
+
+def parameter_estimate(model: zoo.ModelConfig) -> int:
+    """The parameters of ``model``, counted on the meta device (nothing allocated). A stack of more than
+    ``EXACT_LAYERS`` blocks is counted from models of 1 and 2 blocks per stack, as 10^6 blocks take
+    minutes to lay out even on the meta device."""
+    stacks = ("n_encoder_layers", "n_decoder_layers") if model.form.cross_attention else ("n_layers",)
+    depths = {name: getattr(model, f"resolved_{name}", model.n_layers) for name in stacks}
+    if sum(depths.values()) <= EXACT_LAYERS:
+        return _meta_count(model)
+    base = _meta_count(model.replace(**dict.fromkeys(stacks, 1)))
+    total = base
+    for name, depth in depths.items():
+        per_block = _meta_count(model.replace(**{**dict.fromkeys(stacks, 1), name: 2})) - base
+        total += per_block * (depth - 1)
+    return total
+
+
+def _meta_count(model: zoo.ModelConfig) -> int:
+    with torch.device("meta"):
+        return zoo.count_parameters(zoo.build_model(model))
 
 
 POSITIVE = (
@@ -98,11 +179,13 @@ WHOLE = (
     "trainer.num_sanity_val_steps",
     "data.num_workers",
 )
+MAX_SEED = 2**32 - 1  # Lightning's seed_everything (and numpy's) take 0 .. 2**32 - 1
 MAX_VOCAB = 1 << 22  # 4,194,304: beyond any tokenizer in use (the largest are ~256k); training one would not fit
 
 
 def check_values(cfg: DictConfig) -> None:
     """Values that would only fail later (after the data is read, or mid-training) fail now."""
+    check_seed(OmegaConf.select(cfg, "seed", default=None))
     for key in POSITIVE + NON_NEGATIVE:
         value = OmegaConf.select(cfg, key, default=None)
         if value is None:
@@ -137,6 +220,14 @@ def check_values(cfg: DictConfig) -> None:
         raise zoo.ConfigError(
             f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); lower it"
         )
+
+
+def check_seed(seed: Any, key: str = "seed") -> None:
+    """A seed is a whole number in [0, 2**32 - 1] (what Lightning and numpy seed with); None: not set."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise zoo.ConfigError(f"{key}={seed!r} must be a whole number in [0, {MAX_SEED}] (2**32 - 1)")
 
 
 def task_class(target: str) -> type[ZooTask]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.config import ModelConfig
+from zoo.config import POSITIVE, ModelConfig
 from zoo.gguf.names import (
     _ROPE_KEYS,
     _ROPE_SLOTS,
@@ -164,8 +164,8 @@ ARCHS.register("gemma2")(
         "gemma2",
         (
             *_ROPE_KEYS,
-            Key("attn_logit_softcapping", "attn_logit_softcapping", "float", required=False),
-            Key("final_logit_softcapping", "final_logit_softcapping", "float", required=False),
+            Key("attn_logit_softcapping", "attn_logit_softcapping", "float", required=False, within=POSITIVE),
+            Key("final_logit_softcapping", "final_logit_softcapping", "float", required=False, within=POSITIVE),
             Key("sliding_window", "attention.sliding_window", required=False),
         ),
         _GEMMA2_SLOTS,

@@ -4,6 +4,7 @@ the family's weight map -> the zoo model; its vocabulary -> a ``tokenizers.Token
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import defaultdict
@@ -16,8 +17,8 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from zoo.config import ModelConfig
-from zoo.gguf.names import ARCHS, Arch, Slot, convert, hf_tensors, per_expert
+from zoo.config import FloatRange, ModelConfig
+from zoo.gguf.names import ARCHS, EXPERTS, Arch, Slot, convert, hf_tensors, per_expert
 from zoo.gguf.reader import MISSING, GGUFFile
 from zoo.gguf.tokenizer import build_tokenizer, read_specials, read_vocab
 from zoo.hf.mapping import FAMILIES, Importer
@@ -25,6 +26,7 @@ from zoo.io import CheckpointError
 from zoo.models import ZooModel, build_model
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+EXTENSION = FloatRange(1.0, hint="the context extension; 1: none")  # rope.scaling.factor, rope.scale_linear
 
 
 @dataclass
@@ -98,9 +100,10 @@ def _hf_values(f: GGUFFile, arch: Arch) -> dict[str, Any]:
     """The HF config attributes the file's metadata and tensor table give."""
     values: dict[str, Any] = {**FAMILIES.get(arch.family).defaults, "model_type": arch.family, **arch.fixed}
     for key in arch.keys:
-        value = f.get(f"{arch.name}.{key.suffix}", key.kind, MISSING if key.required else None)
+        value = f.get(f"{arch.name}.{key.suffix}", key.kind, MISSING if key.required else None, within=key.within)
         if value is not None:
             values[key.attr] = value
+    _check_counts(f, arch)
     values.update({attr: tensor in f.tensors for attr, tensor in arch.biases.items()})
     values.update(arch.implied(values))
     embedding = f.tensors.get("token_embd.weight")
@@ -124,6 +127,45 @@ def _hf_values(f: GGUFFile, arch: Arch) -> dict[str, Any]:
     return values
 
 
+BOUNDED = ("attention.head_count", "attention.head_count_kv", "attention.key_length", "feed_forward_length")
+"""Counts of rows in some tensor: none exceeds the number of values the tensor table holds."""
+
+
+def _check_counts(f: GGUFFile, arch: Arch) -> None:
+    """The header's counts that size the model, compared with the tensor table before anything is built
+    or listed (a model is laid out block by block, expert by expert, before its tensors are compared):
+    ``block_count`` is the number of ``blk.<i>`` blocks the table holds, ``embedding_length`` the width
+    of token_embd.weight, ``expert_count`` the first dimension of every stacked expert tensor, and no
+    other count of rows exceeds the number of values in the table (their shapes are compared later)."""
+    a, where = arch.name, "the file is corrupt or its metadata wrong"
+    blocks = {int(m.group(1)) for name in f.tensors if (m := re.match(r"blk\.(\d+)\.", name))}
+    declared = f.get(f"{a}.block_count", "int")
+    if declared != len(blocks) or (blocks and max(blocks) != declared - 1):
+        held = f"blocks {sorted(blocks)[:3]}{'…' if len(blocks) > 3 else ''}" if blocks else "no blocks"
+        raise CheckpointError(f"{f.path}: {a}.block_count={declared} but the tensor table holds {held}; {where}")
+    embedding = f.tensors.get("token_embd.weight")
+    width = f.get(f"{a}.embedding_length", "int", None)
+    if embedding is not None and width is not None and embedding.shape[-1] != width:
+        raise CheckpointError(
+            f"{f.path}: {a}.embedding_length={width} but token_embd.weight has rows of {embedding.shape[-1]}; {where}"
+        )
+    suffixes = {key.suffix for key in arch.keys}
+    if "expert_count" in suffixes:
+        experts = f.get(f"{a}.expert_count", "int", None)
+        stacks = [s.gguf.format(i=0) + ".weight" for s in arch.slots if s.layout == EXPERTS]
+        found = {name: f.tensors[name].shape[0] for name in stacks if name in f.tensors}
+        if experts is not None and (not found or any(n != experts for n in found.values())):
+            held = ", ".join(f"{name} stacks {n}" for name, n in found.items()) or f"the file has no {stacks[0]}"
+            raise CheckpointError(f"{f.path}: {a}.expert_count={experts} but {held}; {where}")
+    values = sum(math.prod(info.shape) for info in f.tensors.values() if info.nbytes)
+    for suffix in BOUNDED:
+        value = f.get(f"{a}.{suffix}", "int", None) if suffix in suffixes else None
+        if value is not None and value > values:
+            raise CheckpointError(
+                f"{f.path}: {a}.{suffix}={value} is more than the {values} values all its tensors hold; {where}"
+            )
+
+
 def _rope(f: GGUFFile, arch: Arch, values: dict[str, Any]) -> dict[str, Any]:
     """RoPE settings in transformers' ``rope_parameters`` form; rotations zoo lacks are refused."""
     a = arch.name
@@ -137,7 +179,8 @@ def _rope(f: GGUFFile, arch: Arch, values: dict[str, Any]) -> dict[str, Any]:
             )
     params = {"rope_type": "default", "rope_theta": values.get("rope_theta", 10000.0)}
     kind = f.get(f"{a}.rope.scaling.type", "str", "none")
-    factor = f.get(f"{a}.rope.scaling.factor", "float", f.get(f"{a}.rope.scale_linear", "float", 1.0))
+    linear = f.get(f"{a}.rope.scale_linear", "float", 1.0, within=EXTENSION)
+    factor = f.get(f"{a}.rope.scaling.factor", "float", linear, within=EXTENSION)
     if kind == "none" and factor != 1.0:
         kind = "linear"  # older files: rope.scale_linear alone
     if kind == "linear":

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zoo.config import ModelConfig
+from zoo.config import POSITIVE, FloatRange, ModelConfig
 from zoo.hf.mapping import FAMILIES, Exporter
 from zoo.registry import Registry
 
@@ -43,12 +43,14 @@ NORM_1P, EXPERTS = "norm_1p", "experts"
 @dataclass(frozen=True)
 class Key:
     """HF config attribute ``attr`` <-> GGUF metadata ``{arch}.{suffix}`` of ``kind`` ("int" or "float");
-    ``required=False``: a file without it leaves the attribute to the family's default."""
+    ``required=False``: a file without it leaves the attribute to the family's default; ``within``: the
+    range of a float (the reader refuses a value outside it, and any NaN or infinity)."""
 
     attr: str
     suffix: str
     kind: str = "int"
     required: bool = True
+    within: FloatRange | None = None
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,8 @@ _ROPE_KEYS = (
     Key("num_key_value_heads", "attention.head_count_kv", required=False),
     Key("intermediate_size", "feed_forward_length"),
     Key("max_position_embeddings", "context_length", required=False),
-    Key("rms_norm_eps", "attention.layer_norm_rms_epsilon", "float"),
-    Key("rope_theta", "rope.freq_base", "float", required=False),
+    Key("rms_norm_eps", "attention.layer_norm_rms_epsilon", "float", within=POSITIVE),
+    Key("rope_theta", "rope.freq_base", "float", required=False, within=POSITIVE),
     Key("head_dim", "attention.key_length", required=False),
 )
 _ROPE_SLOTS = (
@@ -219,7 +221,7 @@ _GPT2_KEYS = (
     Key("n_head", "attention.head_count"),
     Key("n_inner", "feed_forward_length"),
     Key("n_positions", "context_length"),
-    Key("layer_norm_epsilon", "attention.layer_norm_epsilon", "float"),
+    Key("layer_norm_epsilon", "attention.layer_norm_epsilon", "float", within=POSITIVE),
 )
 _GPT2_SLOTS = (
     Slot("token_embd", "transformer.wte"),

@@ -16,6 +16,7 @@ The ``gguf`` package (llama.cpp's own) is needed only to dequantize block format
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import struct
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.config import FloatRange
 from zoo.io import CheckpointError
 
 MAGIC = b"GGUF"
@@ -258,10 +260,31 @@ class GGUFFile:
             )
 
     # ---- metadata ------------------------------------------------------------------------------------
-    def get(self, key: str, kind: str, default: Any = MISSING) -> Any:
+    def get(self, key: str, kind: str, default: Any = MISSING, *, within: FloatRange | None = None) -> Any:
         """The value of ``key`` as ``kind`` (see :data:`KINDS`; an int is taken for a float); a
         missing key gives ``default`` (a CheckpointError when there is none), a value of another
-        type a CheckpointError naming the key."""
+        type a CheckpointError naming the key. A float (and each of a float array) is finite, and in
+        ``within`` where given, or a CheckpointError naming the key and the range."""
+        value = self._get(key, kind, default)
+        if kind.startswith("float") and key in self.metadata:
+            self._check_floats(key, value, within)
+        return value
+
+    def _check_floats(self, key: str, value: Any, within: FloatRange | None) -> None:
+        if isinstance(value, np.ndarray):
+            bad = np.flatnonzero(~np.isfinite(value))
+            if bad.size:
+                raise CheckpointError(
+                    f"{self.path}: metadata {key}[{bad[0]}]={value[bad[0]]} is not a finite number; the file is corrupt"
+                )
+            return
+        if not math.isfinite(value) or (within is not None and not within.holds(value)):
+            allowed = within if within is not None else "be finite"
+            raise CheckpointError(
+                f"{self.path}: metadata {key}={value} must {allowed}; the file is corrupt or its metadata wrong"
+            )
+
+    def _get(self, key: str, kind: str, default: Any) -> Any:
         if key not in self.metadata:
             if default is MISSING:
                 raise CheckpointError(

@@ -49,6 +49,9 @@ LLAMA3 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPACE = "\u2581"  # SentencePiece's visible space
+MAX_TOKEN_CHARS = 1024
+"""The longest token a vocabulary may hold (real ones stay under a few hundred characters): pairing a
+SentencePiece token's splits takes time quadratic in its length."""
 
 
 def _byte_level(*, regex: bool = True) -> pre_tokenizers.PreTokenizer:
@@ -103,6 +106,13 @@ def read_vocab(f: GGUFFile) -> Vocab | None:
             "alone with zoo.from_gguf, and give the tokenizer another way"
         )
     tokens = f.get("tokenizer.ggml.tokens", "str[]")
+    longest = max(range(len(tokens)), key=lambda i: len(tokens[i]), default=None)
+    if longest is not None and len(tokens[longest]) > MAX_TOKEN_CHARS:
+        raise CheckpointError(
+            f"{f.path}: tokenizer.ggml.tokens[{longest}] is {len(tokens[longest])} characters long, more than "
+            f"the {MAX_TOKEN_CHARS} any vocabulary needs; the file is corrupt (read the weights alone with "
+            "zoo.from_gguf)"
+        )
     types = [int(t) for t in f.get("tokenizer.ggml.token_type", "int[]", [NORMAL] * len(tokens))]
     if len(types) != len(tokens):
         raise CheckpointError(
