@@ -16,6 +16,7 @@ from torchmetrics import Metric, MetricCollection
 
 import zoo
 from tasks.errors import DivergedError
+from tasks.loggers import CSVLogger
 from tasks.parallel_layers import cut_parameters, whole_parameter_count
 from zoo.stats import peak_flops
 
@@ -225,6 +226,10 @@ class WholeSummary(Summary):
         return whole_parameter_count(self._model, trainable_only=True)
 
 
+UNWRITTEN_ROWS = "zoo_unwritten_metrics"
+"""The checkpoint entry of the metrics rows a failed write left unwritten (written when the run resumes)."""
+
+
 class CrashCheckpoint(L.Callback):
     """Saves ``<dirpath>/<filename>.ckpt`` when training stops on an exception or Ctrl-C after at
     least one optimizer step of this run; resume with ``ckpt_path=`` that file.
@@ -244,22 +249,60 @@ class CrashCheckpoint(L.Callback):
         self.path = os.path.join(os.fspath(dirpath), f"{filename}.ckpt")
         self.start_step: int | None = None
         self.saved: str | None = None
+        self._saving = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start_step = trainer.global_step  # after a resume: the step it resumed at
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Keep the metrics rows a failed write left unwritten (tasks.loggers.CSVLogger) in the checkpoint,
+        so that the resumed run writes them: every step's row once, none lost. The crash checkpoint of a
+        step that ended (after its update, in its logging or validation) counts it (``count_the_step``)."""
+        rows = [row for logger in trainer.loggers if isinstance(logger, CSVLogger) for row in logger.unwritten_rows()]
+        if rows:
+            checkpoint[UNWRITTEN_ROWS] = rows
+        if self._saving and "loops" in checkpoint and not (trainer.validating or trainer.sanity_checking):
+            count_the_step(checkpoint["loops"]["fit_loop"], trainer.global_step)  # a validation's restart counts it
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        rows = checkpoint.get(UNWRITTEN_ROWS)
+        if rows:
+            for logger in trainer.loggers:
+                if isinstance(logger, CSVLogger):
+                    logger.write_back(rows)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not getattr(exception, "resumable", True) or trainer.world_size != 1:
             return  # an end on purpose (a pruned trial), or weights not worth resuming (diverged)
         if self.start_step is None or trainer.global_step <= self.start_step:
             return  # not a single step of this run: what it started from is still there
+        self._saving = True
         try:
             trainer.save_checkpoint(self.path, weights_only=False)
         except Exception as error:  # a full disk, say: the error that stopped training is the one to report
             reason = " ".join(str(error).split())[:200]
             print(f"note: {self.path} could not be saved ({type(error).__name__}: {reason})")
             return
+        finally:
+            self._saving = False
         self.saved = self.path
+
+
+def count_the_step(fit_loop: dict[str, Any], global_step: int) -> None:
+    """A crash after a step's update but before Lightning has ended that step (its metrics rows, its
+    validation): Lightning takes a saved batch that is complete for one whose step has ended, and would
+    resume logging the next step under this one's number and skip its validation. The checkpoint is
+    written as Lightning writes one at the end of the batch (``on_train_batch_end``), which it resumes
+    right: the batch processed, not yet completed."""
+    counted = fit_loop.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", global_step)
+    progress = fit_loop.get("epoch_loop.batch_progress", {})
+    if counted >= global_step or not all(
+        counts.get("completed") == counts.get("processed") > 0
+        for counts in (progress.get("total", {}), progress.get("current", {}))
+    ):
+        return
+    for counts in (progress["total"], progress["current"]):
+        counts["completed"] -= 1
 
 
 class ValidateAtTheEnd(L.Callback):

@@ -13,11 +13,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import fnmatch
 import functools
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -143,6 +146,8 @@ def claim_run_dir(
     marker = folder / RUN_MARKER
     if resuming_here and (marker.exists() or marker.is_symlink()):
         hold_run(folder, open_marker(marker), keep=not dry_run)  # a dry run refuses a writer that runs, holds nothing
+        if not dry_run:
+            remove_killed_writes(folder)  # what the interrupted attempt's killed writes left
         return
     if dry_run:
         return
@@ -152,12 +157,39 @@ def claim_run_dir(
     except FileExistsError:
         if resuming_here:  # a run from before markers, claimed by another resume just now: it holds the lock
             hold_run(folder, open_marker(marker))
+            remove_killed_writes(folder)
             return
         raise UserError(
             f"{field}={folder} was claimed by another run that started at the same time; start "
             f"again (a fresh directory is chosen)"
         ) from None
     hold_run(folder, fd)
+    remove_killed_writes(folder)
+
+
+WHOLE_WRITES = {".": ("tokenizer.json", "config.yaml"), "logs": ("metrics.csv",), "checkpoints": ("*.ckpt",)}
+"""The files zoo-train writes whole (zoo.io.atomic_write) in each folder of a run directory: a temporary
+``.<name>.<8 characters>.tmp`` of one of them is what a killed write left."""
+KILLED_WRITE = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_killed_writes(folder: Path) -> list[Path]:
+    """Remove (and return) the temporary files that writes killed mid-way (kill -9, a power cut) left in the
+    run directory ``folder``: only zoo.io.atomic_write's names of the files in :data:`WHOLE_WRITES`, plain
+    files, never a link or another file. Called by the run's one writer once it holds the run, so no
+    write of that run is under way."""
+    removed = []
+    for sub, names in WHOLE_WRITES.items():
+        with contextlib.suppress(OSError):
+            for entry in (folder / sub).iterdir():
+                found = KILLED_WRITE.fullmatch(entry.name)
+                if found is None or not any(fnmatch.fnmatchcase(found["name"], name) for name in names):
+                    continue
+                if entry.is_symlink() or not entry.is_file():
+                    continue
+                entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
 
 
 def open_marker(marker: Path) -> int:

@@ -2,25 +2,77 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import os
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities import rank_zero_only
 
 from zoo.io import atomic_write_text
 
 
 class _AppendingWriter(ExperimentWriter):
     """Lightning's writer deletes an existing metrics.csv when it starts; this one continues it
-    (a resumed run is the same run: one metrics file, its earlier rows kept)."""
+    (a resumed run is the same run: one metrics file, its earlier rows kept). Its ``save`` writes
+    every row whole or not at all: a failed write leaves the file as it was and keeps the rows in
+    ``metrics``, unwritten (the crash checkpoint carries them, and the resume writes them)."""
 
     def _check_log_dir_exists(self) -> None:
         path = Path(self.metrics_file_path)
         if path.is_file():
             with path.open(newline="") as f:
                 self.metrics_keys = list(csv.DictReader(f).fieldnames or [])
+
+    def save(self) -> None:
+        """Append the rows logged since the last save; a new column rewrites the file (atomically)
+        under the new header. An OSError leaves metrics.csv as it was and the rows unwritten."""
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        keys = sorted(set(self.metrics_keys).union(*self.metrics))
+        if keys != sorted(self.metrics_keys) or not path.is_file():
+            earlier = _read_rows(path)[1] if path.is_file() else []
+            atomic_write_text(path, _csv_text(keys, [*earlier, *self.metrics], header=True))
+        else:
+            _append(path, _csv_text(keys, self.metrics, header=False))
+        self.metrics_keys, self.metrics = keys, []
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _csv_text(fields: list[str], rows: list[dict], *, header: bool) -> str:
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to ``path``, all of it or none: a failed write is cut back to the file's old end."""
+    data = memoryview(text.encode("utf-8"))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
 
 
 class CSVLogger(LightningCSVLogger):
@@ -34,6 +86,41 @@ class CSVLogger(LightningCSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Log a row and write it at once (Lightning keeps rows for ``flush_logs_every_n_steps``, which a
+        killed run loses): when the write fails, the run stops at that row (its OSError), which stays
+        unwritten in ``unwritten_rows`` for the crash checkpoint."""
+        super().log_metrics(metrics, step)
+        self.experiment.save()
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Write what is left; a run that failed keeps rows that still cannot be written unwritten (its
+        crash checkpoint has them) instead of raising a second error over the first."""
+        if status == "success":
+            super().finalize(status)
+            return
+        with contextlib.suppress(OSError):
+            super().finalize(status)
+
+    def unwritten_rows(self) -> list[dict[str, Any]]:
+        """The rows logged but not (yet) in metrics.csv: those of a write that failed."""
+        return [dict(row) for row in self.experiment.metrics] if self._experiment is not None else []
+
+    @rank_zero_only
+    def write_back(self, rows: list[dict[str, Any]]) -> int:
+        """Write the rows a crash checkpoint kept unwritten (``unwritten_rows``), but for any the file
+        has already (a later attempt wrote it); returns how many were written."""
+        path = Path(self.experiment.metrics_file_path)
+        fields, written = _read_rows(path) if path.is_file() else ([], [])
+        fields = sorted(set(fields).union(*rows)) if rows else fields
+        on_disk = {_row_key(row, fields) for row in written}
+        missing = [row for row in rows if _row_key(_as_text(row, fields), fields) not in on_disk]
+        self.experiment.metrics[:0] = missing
+        self.experiment.save()
+        return len(missing)
 
     def resume_at(self, step: int) -> int:
         """Drop the rows of ``step`` and later; returns how many were dropped. A checkpoint of
@@ -53,6 +140,15 @@ class CSVLogger(LightningCSVLogger):
             writer.writerows(kept)
             atomic_write_text(path, text.getvalue())
         return len(rows) - len(kept)
+
+
+def _as_text(row: dict[str, Any], fields: list[str]) -> dict[str, str]:
+    """``row`` as csv writes and reads it back (every field a string, a missing one empty)."""
+    return next(csv.DictReader(io.StringIO(_csv_text(fields, [row], header=True), newline="")))
+
+
+def _row_key(row: dict[str, str], fields: list[str]) -> tuple[str, ...]:
+    return tuple(row.get(field) or "" for field in fields)
 
 
 UNPRINTABLE = {
