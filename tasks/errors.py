@@ -68,13 +68,38 @@ def os_error(error: OSError) -> UserError:
     return UserError(f"{what}: {reason}" + (f"; {fix}" if fix else ""))
 
 
+def utf8_text(key: str, value: str) -> str:
+    """``value``, the free text of the setting ``key`` (``prompt=``), when it is UTF-8 text; a UserError
+    naming the first byte that is not. Python hands bytes of the command line that are not UTF-8 on
+    as lone surrogates (U+DC80..U+DCFF for the bytes 0x80..0xff), which no tokenizer can read."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = ord(value[error.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"the lone surrogate U+{char:04X}"
+        raise UserError(
+            f"{key}=: {what} (at character {error.start}) is not UTF-8 text; give the text in UTF-8 "
+            f"(a terminal or file in another encoding: convert it, e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    return value
+
+
+PARSERS = ("json.", "yaml.", "omegaconf.", "hydra.")
+"""Modules whose recursion is a file's nesting: a RecursionError raised inside one is the file's doing."""
+
+
 def parse_error(error: BaseException) -> UserError | None:
     """The one line for a file zoo (or Hydra) could not parse or decode: YAML, JSON, text that is
-    not UTF-8, naming the file (from the error, or the file open where it was raised) and the
-    place in it; None for an error of another kind."""
+    not UTF-8, one nested too deep to parse, naming the file (from the error, or the file open where
+    it was raised) and the place in it; None for an error of another kind."""
     import yaml  # noqa: PLC0415  (only when an error is being described)
 
     path = _file_being_read(error)
+    if isinstance(error, RecursionError) and _in_a_parser(error):
+        return UserError(
+            f"{path or 'a file zoo read'}: nested too deep to parse (a real one nests a few levels); "
+            f"restore the file, or give another one"
+        )
     if isinstance(error, yaml.MarkedYAMLError):
         mark = error.problem_mark or error.context_mark
         name = mark.name if mark is not None and not mark.name.startswith("<") else path or "a YAML file"
@@ -98,6 +123,15 @@ def parse_error(error: BaseException) -> UserError | None:
             f"{error.encoding} ({error.reason}); use a UTF-8 locale or PYTHONIOENCODING=utf-8"
         )
     return None
+
+
+def _in_a_parser(error: BaseException) -> bool:
+    """Whether the innermost frames of ``error`` (where it was raised) are those of a parser (:data:`PARSERS`)."""
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        last = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return last is not None and last.startswith(PARSERS)
 
 
 def _file_being_read(error: BaseException) -> str | None:

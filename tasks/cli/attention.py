@@ -50,7 +50,8 @@ from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.console import literal, quote_free_text
 from tasks.cli.pretrained import load_model_task
 from tasks.cli.schemas import conf_dir
-from tasks.errors import UserError
+from tasks.data.tokenizers import read_folder_tokenizer
+from tasks.errors import UserError, utf8_text
 from zoo.inspect import capture_attention
 
 VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "$": r"\$"})  # "$" would start mathtext
@@ -87,8 +88,15 @@ def load(cfg: DictConfig) -> tuple[zoo.ZooModel, Tokenizer, str]:
             f"model_dir={folder} has no config.json and model.safetensors "
             "(write one with zoo-export format=safetensors)"
         )
-    tokenizer_path = Path(cfg.tokenizer_path) if cfg.tokenizer_path else folder / "tokenizer.json"
-    tokenizer = read_tokenizer(tokenizer_path, "tokenizer_path" if cfg.tokenizer_path else "model_dir")
+    if cfg.tokenizer_path:
+        tokenizer = read_tokenizer(Path(cfg.tokenizer_path), "tokenizer_path")
+    else:  # the folder's own tokenizer.json (no link out of it, a regular file: zoo.io.read_handed)
+        tokenizer = read_folder_tokenizer(folder, "model_dir", "pass the tokenizer.json the model was trained with")
+        if tokenizer is None:
+            raise UserError(
+                f"model_dir: {folder / 'tokenizer.json'} not found; the model folder needs its tokenizer "
+                f"(zoo-export writes it) or pass tokenizer_path=<tokenizer.json>"
+            )
     return zoo.load_pretrained(folder), tokenizer, str(folder)  # a damaged folder: CheckpointError
 
 
@@ -133,20 +141,22 @@ def check_thresholds(cfg: DictConfig) -> None:
 
 def the_text(cfg: DictConfig) -> str:
     """``prompt=`` (as zoo-generate names it) or ``text=`` (its older name here); a UserError for
-    neither, or for both saying different things."""
+    neither, for both saying different things, or for bytes that are not UTF-8 text."""
     prompt, text = literal(cfg, "prompt"), literal(cfg, "text")
     if prompt is not None and text is not None and prompt != text:
         raise UserError("prompt= and text= name the same text here; give one of them")
     given = prompt if prompt is not None else text
     if given is None or not given.strip():
         raise UserError('prompt="…" is required: the text to look at (the source sentence for a translator)')
-    return given
+    return utf8_text("prompt" if prompt is not None else "text", given)
 
 
 def encode(model: zoo.ZooModel, tokenizer: Tokenizer, cfg: DictConfig) -> Inputs:
     """Tokenize ``text`` (and ``target``) as the tasks do in training, cut to ``max_tokens``."""
     config = model.config
     text, target_text = the_text(cfg), literal(cfg, "target")
+    if target_text is not None:
+        utf8_text("target", target_text)
     reads_a_source = config.form.cross_attention  # a translator: a source, and a target it reads or writes
     if target_text is not None and not reads_a_source:
         raise UserError(f"target= is for encoder-decoder models; this model is arch={config.arch!r}")

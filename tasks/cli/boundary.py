@@ -129,7 +129,9 @@ def hydra_errors(entry: F) -> F:
     Hydra prints such errors itself unless ``HYDRA_FULL_ERROR=1``, which makes it raise them: the
     variable is set for the call, and what was raised before the verb started (no frame of Hydra's
     ``run_job`` in its traceback) is described; an exception of the verb passes through unchanged. A
-    user who sets ``HYDRA_FULL_ERROR=1`` gets Hydra's own report. Called with a config (as tests do),
+    user who sets ``HYDRA_FULL_ERROR=1`` gets Hydra's own report. What Hydra itself raises around the
+    verb (its writes into the run directory: ``.hydra/``, the log file) is a machine's or a file's
+    error like the verb's own: one line (``hydra_job_error``). Called with a config (as tests do),
     the function runs as it is."""
 
     @functools.wraps(entry)
@@ -140,7 +142,12 @@ def hydra_errors(entry: F) -> F:
         try:
             return entry()
         except Exception as error:
-            described = None if _in_the_job(error) else composition_error(error)
+            if _in_the_job(error):
+                line = hydra_job_error(error)
+                if line is None:
+                    raise
+                fail(*line)
+            described = composition_error(error)
             if described is None:
                 raise
             fail(described)
@@ -148,6 +155,17 @@ def hydra_errors(entry: F) -> F:
             os.environ.pop(FULL_ERROR_ENV, None)
 
     return typing.cast(F, wrapper)
+
+
+def hydra_job_error(error: BaseException) -> tuple[BaseException, int] | None:
+    """The one line for what reached ``hydra_errors`` from Hydra's ``run_job``: the verb's own
+    errors were turned into one line by ``user_errors`` already, so what is left is Hydra's (writing
+    ``.hydra/config.yaml`` or the log into a read-only run directory, a config it cannot write as
+    YAML); an OSError with an errno or a file's error is one line, anything else a bug."""
+    if isinstance(error, OSError) and not isinstance(error, io.UnsupportedOperation) and error.errno is not None:
+        return os_error(error), 1
+    described = parse_error(error)
+    return (described, 2) if described is not None else None
 
 
 def _in_the_job(error: BaseException) -> bool:

@@ -24,7 +24,7 @@ from tasks.cli.console import literal, quote_free_text
 from tasks.cli.loading import for_inference
 from tasks.cli.pretrained import load_model_task
 from tasks.cli.schemas import conf_dir
-from tasks.errors import UserError
+from tasks.errors import UserError, utf8_text
 from zoo.generation import GenerationLimitWarning, PromptError
 
 
@@ -35,9 +35,10 @@ def given(cfg: DictConfig, key: str, example: str) -> None:
 
 
 def prompt_of(task: ZooTask, cfg: DictConfig) -> str:
-    """``prompt=`` exactly as given; a UserError when it is missing or gives the tokenizer nothing."""
+    """``prompt=`` exactly as given; a UserError when it is missing, is not UTF-8 text or gives the
+    tokenizer nothing."""
     given(cfg, "prompt", 'the text to answer, e.g. prompt="def fib(n):"')
-    prompt = literal(cfg, "prompt")
+    prompt = utf8_text("prompt", literal(cfg, "prompt"))  # bytes of the command line that are no UTF-8: one line
     if not task.tokenizer.encode(prompt, add_special_tokens=False).ids:
         raise UserError("prompt= gives no tokens; give some text")
     return prompt

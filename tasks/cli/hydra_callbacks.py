@@ -65,7 +65,9 @@ class FreshRunDir(Callback):
         OWN_RUN_DIR.clear()  # the run is over: its directory is no longer a candidate for removal
 
     def continue_run(self, config: DictConfig, given: str) -> None:
-        """``resume=<run dir>``: this command runs in that directory, its record in ``.hydra/resume``."""
+        """``resume=<run dir>``: this command runs in that directory, its record in ``.hydra/resume``.
+        A directory this process cannot write (a read-only disk, another user's run) ends it in one
+        line naming the directory and the fix (resume a copy), before Hydra writes anything there."""
         from tasks.cli.resuming import run_of
         from tasks.errors import UserError
 
@@ -73,8 +75,17 @@ class FreshRunDir(Callback):
             folder, _ = run_of(given)
         except UserError as error:
             _exit(str(error))
+        try:
+            record = claim_fresh(folder / ".hydra" / "resume")
+        except OSError as error:
+            _exit(
+                f"resume={given}: cannot write in the run directory {folder} ({error.strerror}); a resumed "
+                f"run continues in its own directory: copy it to a folder you can write (cp -r {folder} "
+                f"<copy>) and resume the copy with resume=<copy>",
+                code=1,
+            )
         set_hydra(config, "run.dir", str(folder))
-        set_hydra(config, "output_subdir", str(claim_fresh(folder / ".hydra" / "resume").relative_to(folder)))
+        set_hydra(config, "output_subdir", str(record.relative_to(folder)))
 
     def check_chosen(self, config: DictConfig, folder: Path) -> None:
         if not folder.is_dir() or not any(folder.iterdir()):

@@ -98,10 +98,11 @@ def stored_config(text: str, ckpt: Path, run_dir: Path) -> DictConfig:
     """
     try:
         raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    except (yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError) as error:
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError, RecursionError) as error:
+        reason = "nested too deep to parse" if isinstance(error, RecursionError) else " ".join(str(error).split())
         raise zoo.CheckpointError(
             f"resume={ckpt}: its stored config (zoo_run.config_yaml) cannot be read "
-            f"({' '.join(str(error).split())[:160]}); use a checkpoint zoo-train wrote"
+            f"({reason[:160]}); use a checkpoint zoo-train wrote"
         ) from None
     paths = raw.get("paths") if isinstance(raw, dict) else None
     old_dir = paths.get("output_dir") if isinstance(paths, dict) else None

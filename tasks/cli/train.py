@@ -184,7 +184,11 @@ def failures_kept(plan: RunPlan) -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        if one_line(error) is not None or not getattr(error, "resumable", True) or getattr(error, "exit_quietly", False):
+        if (
+            one_line(error) is not None
+            or not getattr(error, "resumable", True)
+            or getattr(error, "exit_quietly", False)
+        ):
             raise
         raise RunFailed(error, keep_traceback(plan.run_dir, error) if plan.writes else None) from error
 
