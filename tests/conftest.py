@@ -1,3 +1,7 @@
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 
@@ -34,7 +38,17 @@ def gpt_base(tmp_path_factory):
 
 
 def pytest_configure(config):
-    """Tests compose zoo-train's config as the verb does: its schemas and sweeper registered first."""
+    """Tests compose zoo-train's config as the verb does: its schemas and sweeper registered first.
+    Prepared corpora go to a cache of this session (the processes the tests start inherit it), never
+    to the user's ~/.cache/zoo."""
     from tasks.cli.schemas import register_configs
+    from tasks.data.prepared import CACHE_ENV
 
     register_configs()
+    config.zoo_cache = tempfile.mkdtemp(prefix="zoo-test-cache-")
+    os.environ[CACHE_ENV] = config.zoo_cache
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "zoo_cache", None):
+        shutil.rmtree(config.zoo_cache, ignore_errors=True)

@@ -32,6 +32,16 @@ def local_records(path: str | Path, **fields: str) -> list[dict[str, Any]]:
 
     ``fields`` renames columns, e.g. ``text="sentence", label="category"``; txt files give ``text``.
     """
+    records = list(iter_local_records(path, **fields))
+    if not records:
+        raise DataError(f"data.source_args.path={path}: no records in it; point it at your data")
+    return records
+
+
+def iter_local_records(path: str | Path, **fields: str) -> Iterator[dict[str, Any]]:
+    """The records of :func:`local_records` one at a time, in bounded memory: .txt files line by line,
+    the others row by row from HF ``datasets``' memory-mapped Arrow cache. The files are checked
+    before the first record; the data as it is read."""
     shown = f"data.source_args.path={path}"
     files = _data_files(Path(path).expanduser(), shown)
     reader = READERS[files[0].suffix.lower()]
@@ -39,13 +49,19 @@ def local_records(path: str | Path, **fields: str) -> list[dict[str, Any]]:
         _check_head(file, reader)
     origin = str(files[0]) if len(files) == 1 else f"the {len(files)} {reader} files of {path}"
     if reader == "text":
-        records = _records(({"text": line} for file in files for line in _lines(file)), ["text"], fields, origin)
+        rows: Iterable[dict[str, Any]] = ({"text": line} for file in files for line in _lines(file))
+        columns: Sequence[str] = ["text"]
     else:
         dataset = _read_with_datasets(reader, files)
-        records = _records(dataset, dataset.column_names, fields, origin)
-    if not records:
-        raise DataError(f"{shown}: no records in {origin}; point it at your data")
-    return records
+        rows, columns = dataset, dataset.column_names
+    return _iter_records(rows, columns, fields, origin)
+
+
+def local_identity(path: str | Path) -> list[tuple[str, int, int]]:
+    """What says whether the data at ``path`` changed, without reading it: (file, size, modification
+    time in ns) of each data file :func:`iter_local_records` reads."""
+    files = _data_files(Path(path).expanduser(), f"data.source_args.path={path}")
+    return [(str(f.resolve()), (info := f.stat()).st_size, info.st_mtime_ns) for f in files]
 
 
 def _data_files(path: Path, shown: str) -> list[Path]:
@@ -289,19 +305,28 @@ def _disk_error(error: BaseException) -> bool:
 def _records(
     rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dict[str, str], origin: str
 ) -> list[dict[str, Any]]:
-    """Records {key, ...}: the rows with ``fields`` renamed (ours=theirs), or whole when none are given."""
+    return list(_iter_records(rows, columns, fields, origin))
+
+
+def _iter_records(
+    rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dict[str, str], origin: str
+) -> Iterator[dict[str, Any]]:
+    """Records {key, ...}: the rows with ``fields`` renamed (ours=theirs), or whole when none are given.
+    The renames are checked before the first row is read."""
     for ours, theirs in fields.items():
         if theirs not in columns:
             raise DataError(
                 f"data.source_args.{ours}={theirs}: no column {theirs!r} in {origin} (columns: "
                 f"{', '.join(map(str, columns))}); set data.source_args.{ours}=<one of them>"
             )
-    records = []
+    return _renamed(rows, fields)
+
+
+def _renamed(rows: Iterable[dict[str, Any]], fields: dict[str, str]) -> Iterator[dict[str, Any]]:
     for i, row in enumerate(rows):
         record = {ours: row[theirs] for ours, theirs in fields.items()} if fields else dict(row)
         record.setdefault("key", json.dumps(row, sort_keys=True, default=str)[:200] + f"#{i}")
-        records.append(record)
-    return records
+        yield record
 
 
 # ---- the hub -----------------------------------------------------------------------------------

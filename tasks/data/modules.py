@@ -19,7 +19,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from tasks.data.loading import ListDataset
-from tasks.data.text_module import TextDataModule
+from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments
+from tasks.data.text_module import PreparedDataModule, TextDataModule
 from tasks.data.tokenizers import Specials, added_around, with_cls_sep
 from tasks.errors import DataError
 
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 IGNORE = -100  # label of positions that carry no loss
+MIN_TOKENS = 3  # a masked LM's example has more tokens than [CLS] x [SEP]
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], value: int) -> Tensor:
@@ -63,7 +65,7 @@ def encoder_tokenizer(tokenizer: Tokenizer, specials: Specials, seq_len: int) ->
 
 
 # ---- language modelling (decoder) ---------------------------------------------------------------
-class LMDataModule(TextDataModule):
+class LMDataModule(PreparedDataModule):
     """Causal LM: documents joined with eos and cut into blocks of seq_len + 1 tokens. Blocks are
     full, so nothing is padded: a tokenizer without a pad token (GPT-2, Llama) gets eos as its pad
     id, which only tells the model a pad id (see ``use_tokenizer``).
@@ -89,19 +91,33 @@ class LMDataModule(TextDataModule):
             raise DataError(f"data.packing={packing!r} is not one of {list(self.packings)}")
         self.packing = packing
 
+    def encode_documents(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids ending in one eos (``encode_with_eos``), encoded in the tokenizer's thread pool."""
+        return [self.ended(encoding.ids) for encoding in self.tokenizer.encode_batch(texts)]
+
+    def prepared_dataset(self, split: SplitTokens, name: str) -> TokenBlocks:
+        """Blocks of seq_len + 1 ids of the split's map."""
+        blocks = TokenBlocks(split, self.seq_len + 1)
+        if len(blocks) == 0:
+            raise self.no_block(name, split.tokens)
+        return blocks
+
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        """The blocks of ``records`` built in memory (``setup`` reads them from the prepared map)."""
         ids: list[int] = []
         for record in records:
             ids += self.encode_with_eos(record["text"])
         block = self.seq_len + 1
         n = len(ids) // block
         if n == 0:
-            raise DataError(
-                f"data.seq_len={self.seq_len}: the {split} split has {len(ids)} tokens, fewer than one "
-                f"block of {block}; lower data.seq_len, add data, or raise data.val_fraction / "
-                f"data.test_fraction"
-            )
+            raise self.no_block(split, len(ids))
         return ListDataset(torch.tensor(ids[: n * block]).view(n, block))
+
+    def no_block(self, split: str, tokens: int) -> DataError:
+        return DataError(
+            f"data.seq_len={self.seq_len}: the {split} split has {tokens} tokens, fewer than one block of "
+            f"{self.seq_len + 1}; lower data.seq_len, add data, or raise data.val_fraction / data.test_fraction"
+        )
 
     def collate(self, batch: list[Tensor]) -> dict[str, Tensor]:
         blocks = torch.stack(batch)  # (B, T+1)
@@ -143,7 +159,7 @@ class ClassificationDataModule(TextDataModule):
 
 
 # ---- masked language modelling (encoder) -------------------------------------------------------
-class MLMDataModule(TextDataModule):
+class MLMDataModule(PreparedDataModule):
     """BERT pretraining: 15% of tokens are chosen; 80% of those become <mask>, 10% a random token,
     10% stay; the loss is on the chosen ones only (Devlin et al. 2019). Special tokens are never
     chosen, and never put in a chosen token's place."""
@@ -159,8 +175,16 @@ class MLMDataModule(TextDataModule):
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
-        items = [ids for r in records if len(ids := self.encode(r["text"])) > 3]
+        """The documents of ``records`` in memory (``setup`` reads them from the prepared map)."""
+        items = [ids for r in records if len(ids := self.encode(r["text"])) > MIN_TOKENS]
         return ListDataset(items, [len(ids) for ids in items])
+
+    def encode_documents(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids, [CLS] text [SEP] cut to seq_len, encoded in the tokenizer's thread pool."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+
+    def prepared_dataset(self, split: SplitTokens, name: str) -> TokenDocuments:
+        return TokenDocuments(split, longer_than=MIN_TOKENS)
 
     def collate(self, batch: list[list[int]], *, fixed: bool = False) -> dict[str, Tensor]:
         """``fixed``: the same masks for the same batch every time (comparable validation numbers);

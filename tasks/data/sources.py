@@ -21,12 +21,12 @@ import hashlib
 import inspect
 import random
 import sysconfig
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import zoo
-from tasks.data.files import hub_records, local_records
+from tasks.data.files import hub_records, iter_local_records, local_identity, local_records
 from tasks.errors import DataError
 
 DOCSTRING_PACKAGES = ("asyncio", "email", "importlib", "logging", "xml", "multiprocessing", "unittest", "http")
@@ -176,6 +176,50 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     records = function(**kwargs)
     _check_fields(records, needs, source, renames=_takes_any(function))
     return records
+
+
+STREAMED = {"local": (iter_local_records, local_identity)}
+"""Sources read one record at a time (and whose identity is known without reading them): name ->
+(records as an iterator, identity of the data from its files' sizes and times)."""
+
+
+def stream_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """The records of ``source`` one at a time: a streamed source (:data:`STREAMED`) in bounded memory,
+    any other from its list. Each record is checked as it passes (``needs``: the fields the data module
+    reads); the arguments before the first record."""
+    if source not in STREAMED:
+        return iter(load_records(source, needs=needs, **kwargs))
+    function = SOURCES.get(source)
+    _check_arguments(source, function, kwargs)
+    return _checked(STREAMED[source][0](**kwargs), needs, source, kwargs)
+
+
+def source_identity(source: str, source_args: dict[str, Any]) -> Any:
+    """What changes when the data of ``source`` changes, without reading it (a streamed source's files:
+    path, size, modification time); None for a source whose records must be read to know (its
+    records are then hashed as they are read)."""
+    if source not in STREAMED:
+        return None
+    path = source_args.get("path")
+    return STREAMED[source][1](path) if path is not None else None
+
+
+def _checked(
+    records: Iterable[dict[str, Any]], needs: Sequence[str], source: str, source_args: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    n = -1
+    for n, record in enumerate(records):
+        for field in needs:
+            if record.get(field) is None:
+                found = sorted(str(k) for k in record if k != "key")
+                raise DataError(
+                    f"data.source_args.path={source_args.get('path')}: record {n} (key "
+                    f"{str(record.get('key'))[:80]!r}) has no field {field!r} (it has: {', '.join(found)}); "
+                    f"map a column to it with data.source_args.{field}=<column>, or fill or remove the record"
+                )
+        yield record
+    if n < 0:
+        raise DataError(f"data.source_args.path={source_args.get('path')}: no records in it; point it at your data")
 
 
 def check_texts(

@@ -13,7 +13,7 @@ seeded by (seed, epoch, rank, batch position), never from the global RNG.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -30,8 +30,9 @@ from tasks.data.loading import (
     ShuffledBatchSampler,
     world_rank,
 )
-from tasks.data.sources import check_texts, load_records, split_of
-from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials
+from tasks.data.prepared import Corpus, SplitTokens, cache_root, cached_tokenizer, prepared_tokens, split_records
+from tasks.data.sources import check_texts, load_records, source_identity, split_of, stream_records
+from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, train_tokenizer
 from tasks.errors import DataError
 
 
@@ -92,27 +93,30 @@ class TextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        records = load_records(self.source, needs=self.fields, **self.source_args)
+        records = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
         check_texts(records, self.texts, self.source, self.source_args)
-        if self.max_records is not None:
-            records = sorted(records, key=lambda r: split_of(str(r["key"]), 0.0, 0.0) + str(r["key"]))
-            random.Random(self.seed).shuffle(records)
-            records = records[: self.max_records]
         splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
-        for record in records:  # records of one group (e.g. one source file) stay in one split
-            group = str(record.get("group", record["key"]))
-            splits[split_of(group, self.val_fraction, self.test_fraction)].append(record)
-        for name in ("val", "test"):  # a record a source repeats weights training; a score counts it once
-            splits[name] = list({str(r["key"]): r for r in splits[name]}.values())
-        if not splits["train"] or not splits["val"]:
-            raise DataError(
-                f"data.source={self.source}: {len(records)} records (data.max_records="
-                f"{self.max_records}) leave the train or the validation split empty (data.val_fraction="
-                f"{self.val_fraction}); add data or raise data.val_fraction"
-            )
-        if self.tokenizer is None:  # a tokenizer set before setup (from a checkpoint, by use_tokenizer) is kept
-            texts = (t for r in splits["train"] for t in self.texts(r))
-            self.tokenizer = load_or_train(self.tokenizer_path, texts, self.kind, self.vocab_size)
+        for split, record in split_records(records, self.split_of):  # a group (one source file) stays in one split
+            splits[split].append(record)
+        self.check_splits(len(records), len(splits["train"]), len(splits["val"]))
+        self.set_tokenizer(
+            lambda: train_tokenizer((t for r in splits["train"] for t in self.texts(r)), self.kind, self.vocab_size)
+        )
+        self.datasets = {name: self.build_dataset(rs, name) for name, rs in splits.items() if rs}
+
+    def chosen(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``data.max_records`` of the records, a seeded choice (all of them when it is None)."""
+        if self.max_records is None:
+            return records
+        records = sorted(records, key=lambda r: split_of(str(r["key"]), 0.0, 0.0) + str(r["key"]))
+        random.Random(self.seed).shuffle(records)
+        return records[: self.max_records]
+
+    def set_tokenizer(self, train: Callable[[], Tokenizer]) -> None:
+        """The tokenizer set before setup (from a checkpoint, by use_tokenizer), else the one at
+        data.tokenizer_path, else ``train()``; then the task's post-processing."""
+        if self.tokenizer is None:
+            self.tokenizer = train() if self.tokenizer_path is None else load_or_train(self.tokenizer_path, (), "", 0)
         elif self.specials == Specials.zoo() and (wrong := misplaced_specials(self.tokenizer)):
             raise DataError(
                 f"the tokenizer set before setup does not have zoo's special tokens at ids 0..4 (found "
@@ -120,7 +124,18 @@ class TextDataModule(L.LightningDataModule):
             )
         self.tokenizer = self.prepare_tokenizer(self.tokenizer)
         self.added = added_around(self.tokenizer)
-        self.datasets = {name: self.build_dataset(rs, name) for name, rs in splits.items() if rs}
+
+    def split_of(self, group: str) -> str:
+        """The split of the records of ``group``: a stable hash, the same on every machine and run."""
+        return split_of(group, self.val_fraction, self.test_fraction)
+
+    def check_splits(self, records: int, train: int, val: int) -> None:
+        if not train or not val:
+            raise DataError(
+                f"data.source={self.source}: {records} records (data.max_records="
+                f"{self.max_records}) leave the train or the validation split empty (data.val_fraction="
+                f"{self.val_fraction}); add data or raise data.val_fraction"
+            )
 
     def use_tokenizer(self, tokenizer: Tokenizer, specials: Specials) -> None:
         """Use ``tokenizer`` (e.g. a Hugging Face model's, from ``read_hf_tokenizer``) instead of
@@ -233,7 +248,76 @@ class TextDataModule(L.LightningDataModule):
     def encode_with_eos(self, text: str, max_len: int | None = None) -> list[int]:
         """``text``'s ids ending in one eos, at most ``max_len`` of them. The eos is appended unless
         the tokenizer's post-processor appends it already (a T5's does)."""
-        ids, (_, after) = self.encode(text), self.added
-        if after[-1:] == [self.specials.eos]:
+        return self.ended(self.encode(text), max_len)
+
+    def ended(self, ids: list[int], max_len: int | None = None) -> list[int]:
+        """``ids`` (a text's, with what the tokenizer's post-processor added) ending in one eos, at most
+        ``max_len`` of them."""
+        if self.added[1][-1:] == [self.specials.eos]:
             ids = ids[:-1]
         return ids[: None if max_len is None else max_len - 1] + [self.specials.eos]
+
+
+class PreparedDataModule(TextDataModule):
+    """A data module whose corpus is tokenized once into the cache (tasks/data/prepared.py) and read
+    from a memory map: training memory does not grow with the corpus. The tokenizer is trained on a
+    seeded sample of ``tokenizer_sample_mb`` MB and kept in the cache too. Subclasses say how texts
+    become ids (``encode_documents``) and how a prepared split becomes a dataset (``prepared_dataset``)."""
+
+    def __init__(self, *, cache_dir: str | None = None, tokenizer_sample_mb: float = 64.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if (
+            isinstance(tokenizer_sample_mb, bool)
+            or not isinstance(tokenizer_sample_mb, int | float)
+            or not (0 < tokenizer_sample_mb < float("inf"))
+        ):
+            raise DataError(f"data.tokenizer_sample_mb={tokenizer_sample_mb!r} must be > 0 (MB of text to train on)")
+        self.cache_dir, self.tokenizer_sample_mb = cache_dir, tokenizer_sample_mb
+
+    def encode_documents(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def prepared_dataset(self, split: SplitTokens, name: str) -> Dataset:
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        corpus, root = self.corpus(), cache_root(self.cache_dir)
+        recipe = {"kind": self.kind, "vocab_size": self.vocab_size}
+
+        def train(texts: Iterator[str]) -> Tokenizer:
+            return train_tokenizer(texts, self.kind, self.vocab_size)
+
+        self.set_tokenizer(lambda: cached_tokenizer(corpus, train, recipe, self.tokenizer_sample_mb, self.seed, root))
+        settings = {"module": type(self).__name__, "eos": self.specials.eos, "seq_len": self.seq_len}
+        splits = prepared_tokens(corpus, self.encode_documents, self.tokenizer, settings, root)
+        documents = sum(split.documents for split in splits.values())
+        self.check_splits(documents, splits["train"].documents, splits["val"].documents)
+        self.datasets = {name: self.prepared_dataset(split, name) for name, split in splits.items() if split.documents}
+
+    def corpus(self) -> Corpus:
+        """The source's records as the prepared path reads them: streamed from a local corpus, in bounded
+        memory and known by its files; any other source (or a ``max_records`` choice) read as a list."""
+        settings = {
+            "module": type(self).__name__,
+            "source": self.source,
+            "source_args": self.source_args,
+            "fractions": [self.val_fraction, self.test_fraction],
+            "max_records": self.max_records,
+            "seed": self.seed if self.max_records is not None else None,
+        }
+        known = source_identity(self.source, self.source_args) if self.max_records is None else None
+        if known is not None:
+            source, args, needs = self.source, self.source_args, self.fields
+            return Corpus(
+                lambda: split_records(stream_records(source, needs=needs, **args), self.split_of),
+                self.texts,
+                known,
+                settings,
+                size=sum(size for _, size, _ in known),
+                train_share=max(1.0 - self.val_fraction - self.test_fraction, 0.0),
+            )
+        records = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
+        check_texts(records, self.texts, self.source, self.source_args)
+        return Corpus(lambda: split_records(records, self.split_of), self.texts, None, settings)

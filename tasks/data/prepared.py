@@ -1,0 +1,387 @@
+"""A corpus tokenized once, trained from a memory map: training memory does not grow with the corpus.
+
+The first run on a corpus (``LMDataModule``) streams its records, splits them by a hash of their
+group as every data module does (``split_records``), and writes each split's token ids as one flat
+file (``uint16`` when the vocabulary fits, else ``uint32``) with the end offset of every document
+(``int64``), into a cache folder (``cache_root``: ``data.cache_dir``, else ``$ZOO_CACHE``, else
+``~/.cache/zoo``) named by a hash of what decides the ids: the sources' identity (a local corpus: each
+file's path, size and modification time; any other source: its records' text), the split settings
+and the tokenizer. A changed file or tokenizer is a new name, never a stale map. The folder is
+written whole (``zoo.io.atomic_folder``) under a lock: a second process preparing the same corpus
+waits and reuses it, and what a killed preparation left is removed by the next one.
+
+The tokenizer is trained on a seeded sample of the training split (``tokenizer_sample_mb``) and kept
+in the same cache, so a second run on a corpus reads neither the corpus nor the sample. Encoding runs
+in ``tokenizers``' own thread pool (``encode_batch``: every core, without copying the text to other
+processes), with a progress bar in MB/s.
+
+Training reads blocks of a split's memory map (``TokenBlocks``): batch by batch, the same blocks in
+the same order as the tensor of the whole split that earlier versions built in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from tasks.errors import DataError
+from zoo.io import atomic_folder, atomic_write_text
+
+CACHE_ENV = "ZOO_CACHE"
+VERSION = 1  # of the layout below: a new one is a new cache name
+SPLITS = ("train", "val", "test")
+CHUNK_CHARS = 4 << 20  # the text encoded in one encode_batch call (about 4 MB)
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where prepared corpora and their tokenizers are kept: ``cache_dir`` (data.cache_dir), else
+    ``$ZOO_CACHE``, else ``$XDG_CACHE_HOME/zoo`` (``~/.cache/zoo``)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
+
+
+def digest(*parts: Any) -> str:
+    """A short stable name for ``parts`` (JSON-able values)."""
+    text = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
+
+
+def unit(seed: int, key: str) -> float:
+    """A number in [0, 1) that is a pure function of (seed, key)."""
+    value = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(value, "little") / 2**64
+
+
+def split_records(
+    records: Iterable[dict[str, Any]], split_of: Callable[[str], str]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(split, record) for each record, the split of its group (``split_of(group)``; the group is the
+    record's key unless it names one). A key that repeats in the validation or test split counts once
+    there (a record a source repeats weights training; a score counts it once)."""
+    seen: dict[str, set[str]] = {"val": set(), "test": set()}
+    for record in records:
+        split = split_of(str(record.get("group", record["key"])))
+        if split in seen:
+            key = str(record["key"])
+            if key in seen[split]:
+                continue
+            seen[split].add(key)
+        yield split, record
+
+
+# ---- the corpus ----------------------------------------------------------------------------------------
+@dataclass
+class Corpus:
+    """The split records of a data module's source, read again on each call of ``records`` (streamed
+    where the source can be), and what identifies them (``identity``)."""
+
+    records_of: Callable[[], Iterator[tuple[str, dict[str, Any]]]]
+    texts: Callable[[dict[str, Any]], list[str]]
+    known: Any  # the sources' identity without reading them, or None: hashed from their records
+    settings: dict[str, Any]  # what else decides the splits (fractions, max_records, seed, module)
+    size: int | None = None  # bytes of text, where known without reading (a local corpus' files)
+    train_share: float = 1.0  # the part of ``size`` the training split holds, about
+    _identity: str | None = field(default=None, repr=False)
+
+    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self.records_of()
+
+    def identity(self) -> str:
+        """A hash of the sources' identity and the split settings; where the sources' identity is not
+        known without reading them, of their records' text (one pass over them)."""
+        if self._identity is None:
+            known = self.known
+            if known is None:
+                h = hashlib.blake2b(digest_size=16)
+                for split, record in self.records():
+                    h.update(json.dumps([split, self.texts(record)], ensure_ascii=False).encode("utf-8"))
+                known = h.hexdigest()
+            self._identity = digest(VERSION, known, self.settings)
+        return self._identity
+
+    def sample(self, sample_bytes: int, seed: int) -> Iterator[str]:
+        """Texts of the training split for the tokenizer: every one when the corpus holds at most
+        ``sample_bytes`` of text, else each record with the probability that takes about that much,
+        by a hash of (seed, key), in corpus order; never more than ``sample_bytes`` in all."""
+        train = None if self.size is None else self.size * self.train_share
+        share = 1.0 if train is None or train <= sample_bytes else sample_bytes / train
+        taken = 0
+        for split, record in self.records():
+            if split != "train" or (share < 1.0 and unit(seed, str(record["key"])) >= share):
+                continue
+            for text in self.texts(record):
+                if not isinstance(text, str):
+                    continue  # refused with its record's place when the corpus is tokenized
+                taken += len(text.encode("utf-8"))
+                if self.size is not None and share < 1.0 and taken > sample_bytes:
+                    return
+                yield text
+
+
+# ---- the tokenizer, trained once on a sample -----------------------------------------------------------
+def cached_tokenizer(
+    corpus: Corpus,
+    train: Callable[[Iterator[str]], Tokenizer],
+    recipe: dict[str, Any],
+    sample_mb: float,
+    seed: int,
+    root: Path,
+) -> Tokenizer:
+    """The tokenizer ``train`` makes from a sample of ``corpus`` (``Corpus.sample``: ``sample_mb`` MB,
+    ``seed``), kept in ``root``/tokenizers with a record of its sample beside it; ``recipe``: what else
+    decides it (kind, vocabulary size)."""
+    name = digest(VERSION, corpus.identity(), recipe, sample_mb, seed)
+    folder = writable(root / "tokenizers", root)
+    path = folder / f"{name}.json"
+    with locked(folder / f"{name}.lock"):
+        if path.is_file():
+            with contextlib.suppress(Exception):  # a damaged file is trained again
+                return Tokenizer.from_file(str(path))
+        sampled = _Counted(corpus.sample(int(sample_mb * 2**20), seed))
+        tokenizer = train(iter(sampled))
+        record = {"sample_mb": sample_mb, "seed": seed, "sampled_bytes": sampled.bytes, "recipe": recipe}
+        atomic_write_text(folder / f"{name}.sample.json", json.dumps(record, indent=1) + "\n")
+        atomic_write_text(path, tokenizer.to_str())
+    return tokenizer
+
+
+class _Counted:
+    """The texts of ``texts``, counting their bytes as they pass."""
+
+    def __init__(self, texts: Iterator[str]) -> None:
+        self.texts, self.bytes = texts, 0
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self.texts:
+            self.bytes += len(text.encode("utf-8"))
+            yield text
+
+
+# ---- the token store -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitTokens:
+    """One split of a prepared corpus: ``tokens`` ids in ``ids`` (of ``dtype``), and the end offset of
+    each of its ``documents`` in ``ends``."""
+
+    ids: Path
+    ends: Path
+    dtype: str
+    tokens: int
+    documents: int
+
+    def read_ids(self) -> np.ndarray:
+        """The ids as a read-only memory map (an empty array for an empty split)."""
+        if self.tokens == 0:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.ids, dtype=self.dtype, mode="r", shape=(self.tokens,))
+
+    def read_ends(self) -> np.ndarray:
+        if self.documents == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.memmap(self.ends, dtype=np.int64, mode="r", shape=(self.documents,))
+
+
+def prepared_tokens(
+    corpus: Corpus,
+    encode: Callable[[list[str]], list[list[int]]],
+    tokenizer: Tokenizer,
+    settings: dict[str, Any],
+    root: Path,
+) -> dict[str, SplitTokens]:
+    """Each split's token ids of ``corpus``, written once into ``root``/tokens/<name> (``encode``: texts
+    -> ids as the data module builds its examples; ``settings``: what else decides them) and read from
+    there on every later call."""
+    name = digest(VERSION, corpus.identity(), tokenizer.to_str(), settings)
+    folder = writable(root / "tokens", root) / name
+    with locked(folder.parent / f"{name}.lock"):
+        if not (folder / "meta.json").is_file():
+            width = "uint16" if tokenizer.get_vocab_size() <= 2**16 else "uint32"
+            with atomic_folder(folder) as stage:
+                _write_splits(corpus, encode, width, stage)
+    return _read_meta(folder)
+
+
+def _write_splits(corpus: Corpus, encode: Callable[[list[str]], list[list[int]]], width: str, stage: Path) -> None:
+    counts = {split: [0, 0] for split in SPLITS}  # tokens, documents
+    with contextlib.ExitStack() as files, _progress(corpus.size) as bar:
+        out = {s: [files.enter_context(open(stage / f"{s}.{kind}", "wb")) for kind in ("ids", "ends")] for s in SPLITS}
+        for split, texts in _chunks(corpus):
+            ids = encode(texts)
+            lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+            total = int(lengths.sum())
+            np.fromiter((i for x in ids for i in x), dtype=width, count=total).tofile(out[split][0])
+            (counts[split][0] + np.cumsum(lengths)).tofile(out[split][1])
+            counts[split][0] += total
+            counts[split][1] += len(ids)
+            bar.update(sum(len(t.encode("utf-8")) for t in texts))
+    meta = {
+        "version": VERSION,
+        "dtype": width,
+        "splits": {s: {"tokens": t, "documents": d} for s, (t, d) in counts.items()},
+    }
+    (stage / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def _chunks(corpus: Corpus) -> Iterator[tuple[str, list[str]]]:
+    """(split, texts) in corpus order, each list of one split and about CHUNK_CHARS characters; a
+    DataError at the first record whose text is not a string."""
+    pending: dict[str, tuple[list[str], list[int]]] = {s: ([], [0]) for s in SPLITS}
+    for n, (split, record) in enumerate(corpus.records()):
+        texts, size = pending[split]
+        for text in corpus.texts(record):
+            if not isinstance(text, str):
+                raise DataError(
+                    f"record {n} (key {str(record.get('key'))[:80]!r}) has {str(text)[:40]!r} (of type "
+                    f"{type(text).__name__}), not text; make every text a string or remove the record"
+                )
+            texts.append(text)
+            size[0] += len(text)
+        if size[0] >= CHUNK_CHARS:
+            yield split, texts
+            pending[split] = ([], [0])
+    for split, (texts, _) in pending.items():
+        if texts:
+            yield split, texts
+
+
+@contextlib.contextmanager
+def _progress(total: int | None) -> Iterator[Any]:
+    """A progress bar in MB/s with an ETA (when ``total`` bytes are known), on a terminal only."""
+    from tqdm.auto import tqdm
+
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="tokenizing the corpus (once)",
+        disable=not sys.stderr.isatty(),
+        mininterval=1.0,
+    ) as bar:
+        yield bar
+
+
+def _read_meta(folder: Path) -> dict[str, SplitTokens]:
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    files = {split: (folder / f"{split}.ids", folder / f"{split}.ends") for split in meta["splits"]}
+    return {s: SplitTokens(*files[s], meta["dtype"], c["tokens"], c["documents"]) for s, c in meta["splits"].items()}
+
+
+# ---- the cache folder ----------------------------------------------------------------------------------
+def writable(folder: Path, root: Path) -> Path:
+    """``folder`` (made if missing); a DataError naming the cache and the fix when it cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise DataError(
+            f"data.cache_dir={root}: cannot write the prepared corpus there ({error.strerror}); set "
+            f"data.cache_dir (or ${CACHE_ENV}) to a folder you can write"
+        ) from None
+    return folder
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (made if missing): another process preparing the same
+    corpus waits here, then finds it ready. The lock ends with this process, however it ends."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+# ---- training reads the map ----------------------------------------------------------------------------
+class TokenBlocks(Dataset):
+    """Blocks of ``block`` consecutive ids of a prepared split, block i at ids[i*block : (i+1)*block]
+    (what is left after the last full block is not used). The memory map is opened in each process
+    that reads it (a DataLoader worker gets the path, not the data)."""
+
+    lengths = None  # all blocks are full: no bucketing
+
+    def __init__(self, split: SplitTokens, block: int) -> None:
+        self.split, self.block = split, block
+        self._ids: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.split.tokens // self.block
+
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = self.split.read_ids()
+        return self._ids
+
+    def __getitem__(self, i: int) -> Tensor:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"block {i} of {len(self)}")
+        i %= len(self)
+        return torch.from_numpy(self.ids()[i * self.block : (i + 1) * self.block].astype(np.int64))
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        """A batch's blocks in one read of the map (the DataLoader asks for a batch at once)."""
+        starts = np.asarray(indices, dtype=np.int64) * self.block
+        rows = self.ids()[starts[:, None] + np.arange(self.block)]
+        return list(torch.from_numpy(rows.astype(np.int64)).unbind(0))
+
+    @property
+    def items(self) -> Tensor:
+        """Every block, (n, block), read whole into memory: for looking at a small split."""
+        n = len(self)
+        return torch.from_numpy(np.asarray(self.ids()[: n * self.block], dtype=np.int64)).view(n, self.block)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ids": None}
+
+
+class TokenDocuments(Dataset):
+    """The documents of a prepared split with more than ``longer_than`` ids, each a list of its ids;
+    ``lengths`` (for bucketing) from the split's document ends, nothing else held in memory."""
+
+    def __init__(self, split: SplitTokens, longer_than: int = 0) -> None:
+        self.split = split
+        ends = np.asarray(split.read_ends())
+        starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1]])
+        keep = np.flatnonzero(ends - starts > longer_than)
+        self.starts, self.ends = starts[keep], ends[keep]
+        self.lengths = (self.ends - self.starts).tolist()
+        self._ids: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = self.split.read_ids()
+        return self._ids
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.ids()[self.starts[i] : self.ends[i]].tolist()
+
+    @property
+    def items(self) -> list[list[int]]:
+        """Every document's ids: for looking at a small split."""
+        return [self[i] for i in range(len(self))]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ids": None}
