@@ -32,7 +32,7 @@ from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
 from tasks.checkpoints import ZooCheckpointIO, claim_run_dir, release_runs
 from tasks.cli.boundary import hydra_errors, one_line, user_errors
 from tasks.cli.card import describe_model
-from tasks.cli.checks import check_export, check_same_model, data_sizes
+from tasks.cli.checks import check_export, check_same_model, data_sizes, task_class
 from tasks.cli.console import quiet_libraries
 from tasks.cli.loading import run_info
 from tasks.cli.plan import RunPlan, plan_run
@@ -113,17 +113,16 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     when given; compiled when asked."""
     scheduler = OmegaConf.to_container(cfg.scheduler) if "scheduler" in cfg else None  # None: a run of 0.x resumed
     adapter = OmegaConf.to_container(cfg.adapter) if "adapter" in cfg else None
-    task = instantiate(
-        cfg.task,
-        model=model_cfg.to_dict(),
-        optimizer=OmegaConf.to_container(cfg.optimizer),
-        scheduler=scheduler,
-        adapter=adapter,
-        tokenizer_json=datamodule.tokenizer_json(),
+    settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if not k.startswith("_")}
+    from_data = {
+        "model": model_cfg.to_dict(),
+        "optimizer": OmegaConf.to_container(cfg.optimizer),
+        "scheduler": scheduler,
+        "adapter": adapter,
+        "tokenizer_json": datamodule.tokenizer_json(),
         **datamodule.task_info(),
-        _convert_="all",
-        _recursive_=False,
-    )  # task.* are data
+    }  # never through OmegaConf: a tokenizer or label learnt from the data may hold "${" (Python source does)
+    task = task_class(str(cfg.task._target_))(**{**settings, **from_data})  # task.* are data
     task.run_info = run_info(cfg, task_name=next(n for n in TASKS.names() if TASKS.get(n) is type(task)))
     task.specials = datamodule.specials_record()
     if start:
