@@ -9,6 +9,7 @@ import errno
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -325,8 +326,16 @@ def _iter_records(
 def _renamed(rows: Iterable[dict[str, Any]], fields: dict[str, str]) -> Iterator[dict[str, Any]]:
     for i, row in enumerate(rows):
         record = {ours: row[theirs] for ours, theirs in fields.items()} if fields else dict(row)
-        record.setdefault("key", json.dumps(row, sort_keys=True, default=str)[:200] + f"#{i}")
+        if "key" not in record:
+            record["key"] = _row_text(row)[:200] + f"#{i}"
         yield record
+
+
+def _row_text(row: dict[str, Any]) -> str:
+    """``json.dumps(row, sort_keys=True, default=str)``, a line of a .txt file's ({"text": line}) at C speed."""
+    if len(row) == 1 and isinstance(text := row.get("text"), str):
+        return '{"text": ' + encode_basestring_ascii(text) + "}"
+    return json.dumps(row, sort_keys=True, default=str)
 
 
 # ---- the hub -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from tasks.data.loading import ListDataset
-from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments
+from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments, encode_fast
 from tasks.data.text_module import PreparedDataModule, TextDataModule
 from tasks.data.tokenizers import Specials, added_around, with_cls_sep
 from tasks.errors import DataError
@@ -91,9 +91,18 @@ class LMDataModule(PreparedDataModule):
             raise DataError(f"data.packing={packing!r} is not one of {list(self.packings)}")
         self.packing = packing
 
-    def encode_documents(self, texts: list[str]) -> list[list[int]]:
-        """Each text's ids ending in one eos (``encode_with_eos``), encoded in the tokenizer's thread pool."""
-        return [self.ended(encoding.ids) for encoding in self.tokenizer.encode_batch(texts)]
+    def encode_documents(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """The texts' ids, each ending in one eos (``encode_with_eos``), one after the other, and each
+        one's length; encoded in the tokenizer's thread pool."""
+        eos, drop = self.specials.eos, self.added[1][-1:] == [self.specials.eos]
+        ids: list[int] = []
+        lengths: list[int] = []
+        for encoding in encode_fast(self.tokenizer, texts):
+            own = encoding.ids[:-1] if drop else encoding.ids
+            ids += own
+            ids.append(eos)
+            lengths.append(len(own) + 1)
+        return ids, lengths
 
     def prepared_dataset(self, split: SplitTokens, name: str) -> TokenBlocks:
         """Blocks of seq_len + 1 ids of the split's map."""
@@ -179,9 +188,14 @@ class MLMDataModule(PreparedDataModule):
         items = [ids for r in records if len(ids := self.encode(r["text"])) > MIN_TOKENS]
         return ListDataset(items, [len(ids) for ids in items])
 
-    def encode_documents(self, texts: list[str]) -> list[list[int]]:
-        """Each text's ids, [CLS] text [SEP] cut to seq_len, encoded in the tokenizer's thread pool."""
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+    def encode_documents(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """The texts' ids ([CLS] text [SEP] cut to seq_len) one after the other, and each one's length."""
+        ids: list[int] = []
+        lengths: list[int] = []
+        for encoding in encode_fast(self.tokenizer, texts):
+            ids += encoding.ids
+            lengths.append(len(encoding.ids))
+        return ids, lengths
 
     def prepared_dataset(self, split: SplitTokens, name: str) -> TokenDocuments:
         return TokenDocuments(split, longer_than=MIN_TOKENS)

@@ -274,7 +274,8 @@ class PreparedDataModule(TextDataModule):
             raise DataError(f"data.tokenizer_sample_mb={tokenizer_sample_mb!r} must be > 0 (MB of text to train on)")
         self.cache_dir, self.tokenizer_sample_mb = cache_dir, tokenizer_sample_mb
 
-    def encode_documents(self, texts: list[str]) -> list[list[int]]:
+    def encode_documents(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """The ids of ``texts`` one after the other, and the length of each text's."""
         raise NotImplementedError
 
     def prepared_dataset(self, split: SplitTokens, name: str) -> Dataset:
