@@ -250,3 +250,37 @@ def test_a_masked_lms_documents_from_the_map_are_those_built_in_memory(tmp_path)
     assert max(dm.datasets["train"].lengths) == 12  # cut to seq_len, [CLS] and [SEP] included
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape[0] == 4 and (batch["labels"] != -100).any()
+
+
+def test_a_dataset_folder_streamed_shard_by_shard_gives_the_ids_it_gives_read_whole(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for n in range(3):
+        rows = [{"text": line, "id": i} for i, line in enumerate(LINES[n::3])]
+        (shards / f"part-{n}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    args = dict(vocab_size=300, seq_len=16, batch_size=4, val_fraction=0.1, test_fraction=0.1, max_records=None)
+    tokenizer = tmp_path / "tok.json"
+    tokenizer.write_text(train_tokenizer(LINES, "bpe", 300).to_str())
+    ids = {}
+    for streaming in (True, False):
+        dm = LMDataModule(
+            source="hub",
+            source_args={"name": str(shards), "streaming": streaming, "text": "text"},
+            cache_dir=str(tmp_path / f"cache-{streaming}"),
+            tokenizer_path=str(tokenizer),
+            **args,
+        )
+        dm.setup("fit")
+        ids[streaming] = {split: blocks.ids().tolist() for split, blocks in dm.datasets.items()}
+    assert ids[True] == ids[False] and len(ids[True]["train"]) > 1000
+    before = stores(tmp_path / "cache-True")
+    (shards / "part-1.jsonl").write_text(json.dumps({"text": "a changed shard", "id": 0}) + "\n")
+    dm = LMDataModule(
+        source="hub",
+        source_args={"name": str(shards), "streaming": True, "text": "text"},
+        cache_dir=str(tmp_path / "cache-True"),
+        tokenizer_path=str(tokenizer),
+        **args,
+    )
+    dm.setup("fit")
+    assert len(stores(tmp_path / "cache-True")) == len(before) + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import errno
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -56,6 +57,11 @@ def iter_local_records(path: str | Path, **fields: str) -> Iterator[dict[str, An
         dataset = _read_with_datasets(reader, files)
         rows, columns = dataset, dataset.column_names
     return _iter_records(rows, columns, fields, origin)
+
+
+def local_size(path: str | Path) -> int:
+    """The bytes of the data files at ``path``."""
+    return sum(size for _, size, _ in local_identity(path))
 
 
 def local_identity(path: str | Path) -> list[tuple[str, int, int]]:
@@ -339,12 +345,58 @@ def _row_text(row: dict[str, Any]) -> str:
 
 
 # ---- the hub -----------------------------------------------------------------------------------
-def hub_records(name: str, split: str = "train", subset: str | None = None, **fields: str) -> list[dict[str, Any]]:
-    """Records of a dataset on the Hugging Face hub (needs network access the first time)."""
+def hub_records(
+    name: str, split: str = "train", subset: str | None = None, streaming: bool = False, **fields: str
+) -> list[dict[str, Any]]:
+    """Records of a dataset on the Hugging Face hub (needs network access the first time), or of a local
+    folder of data files that ``datasets.load_dataset`` reads the same way."""
+    return list(iter_hub_records(name, split, subset, streaming, **fields))
+
+
+def iter_hub_records(
+    name: str, split: str = "train", subset: str | None = None, streaming: bool = False, **fields: str
+) -> Iterator[dict[str, Any]]:
+    """The records of :func:`hub_records` one at a time; ``streaming``: read shard by shard as they
+    are iterated (``load_dataset(streaming=True)``), never converted or held whole."""
+    dataset = _load_hub(name, split, subset, streaming)
+    columns = dataset.column_names
+    if columns is None:  # a stream whose files do not say their columns: the first row does
+        rows = iter(dataset)
+        first = next(rows, None)
+        columns = list(first) if first is not None else []
+        dataset = itertools.chain([first] if first is not None else [], rows)
+    return _iter_records(dataset, columns, fields, f"hub dataset {name!r}")
+
+
+def hub_identity(
+    name: str, split: str = "train", subset: str | None = None, streaming: bool = False, **fields: str
+) -> Any:
+    """What changes when the dataset does: a local folder's files (path, size, modification time); a
+    dataset of the hub cache, its cached files' fingerprint (``Dataset._fingerprint``); None for a
+    stream from the hub, whose records are then hashed as they are read."""
+    if Path(name).expanduser().is_dir():
+        return [name, split, subset, fields, _folder_identity(Path(name).expanduser())]
+    if streaming:
+        return None
+    return [name, split, subset, fields, _load_hub(name, split, subset, False)._fingerprint]
+
+
+def hub_size(name: str, **_: Any) -> int | None:
+    """The bytes of a local folder's data files; None for a dataset of the hub."""
+    folder = Path(name).expanduser()
+    return sum(f.stat().st_size for f in _visible_files(folder)) if folder.is_dir() else None
+
+
+def _folder_identity(folder: Path) -> list[tuple[str, int, int]]:
+    files = _visible_files(folder)
+    return [(str(f.relative_to(folder)), (info := f.stat()).st_size, info.st_mtime_ns) for f in files]
+
+
+def _load_hub(name: str, split: str, subset: str | None, streaming: bool) -> Any:
     from datasets import load_dataset
 
     try:
-        dataset = load_dataset(name, subset, split=split)
+        return load_dataset(name, subset, split=split, streaming=bool(streaming))
     except Exception as error:
         if _disk_error(error):
             raise
@@ -352,4 +404,3 @@ def hub_records(name: str, split: str = "train", subset: str | None = None, **fi
             f"data.source_args.name={name}: the hub dataset cannot be loaded ({_cause(error)}); check "
             f"name, subset and split, and that this machine is online (or has it cached)"
         ) from error
-    return _records(dataset, dataset.column_names, fields, f"hub dataset {name!r}")

@@ -119,20 +119,21 @@ class Corpus:
         return self._identity
 
     def sample(self, sample_bytes: int, seed: int) -> Iterator[str]:
-        """Texts of the training split for the tokenizer: every one when the corpus holds at most
-        ``sample_bytes`` of text, else each record with the probability that takes about that much,
-        by a hash of (seed, key), in corpus order; never more than ``sample_bytes`` in all."""
+        """Texts of the training split for the tokenizer, in corpus order: every one when the corpus
+        holds at most ``sample_bytes`` of text; else, where its size is known, each record with the
+        probability that takes about that much, by a hash of (seed, key); never more than
+        ``sample_bytes`` in all (where the size is not known: the first ``sample_bytes``)."""
         train = None if self.size is None else self.size * self.train_share
         share = 1.0 if train is None or train <= sample_bytes else sample_bytes / train
-        taken = 0
+        capped, taken = self.size is None or share < 1.0, 0
         for split, record in self.records():
-            if split != "train" or (share < 1.0 and unit(seed, str(record["key"])) >= share):
+            if split != "train" or unit(seed, str(record["key"])) >= share:
                 continue
             for text in self.texts(record):
                 if not isinstance(text, str):
                     continue  # refused with its record's place when the corpus is tokenized
                 taken += len(text.encode("utf-8"))
-                if self.size is not None and share < 1.0 and taken > sample_bytes:
+                if capped and taken > sample_bytes:
                     return
                 yield text
 

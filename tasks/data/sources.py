@@ -22,11 +22,21 @@ import inspect
 import random
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zoo
-from tasks.data.files import hub_records, iter_local_records, local_identity, local_records
+from tasks.data.files import (
+    hub_identity,
+    hub_records,
+    hub_size,
+    iter_hub_records,
+    iter_local_records,
+    local_identity,
+    local_records,
+    local_size,
+)
 from tasks.errors import DataError
 
 DOCSTRING_PACKAGES = ("asyncio", "email", "importlib", "logging", "xml", "multiprocessing", "unittest", "http")
@@ -178,9 +188,22 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     return records
 
 
-STREAMED = {"local": (iter_local_records, local_identity)}
-"""Sources read one record at a time (and whose identity is known without reading them): name ->
-(records as an iterator, identity of the data from its files' sizes and times)."""
+@dataclass(frozen=True)
+class Streamed:
+    """How a source is read one record at a time: ``records`` (an iterator of them), ``identity`` (what
+    changes when its data changes, without reading it; None where that cannot be known so) and ``size``
+    (its bytes of data, where known without reading: a progress bar's total), all from its arguments."""
+
+    records: Callable[..., Iterator[dict[str, Any]]]
+    identity: Callable[..., Any]
+    size: Callable[..., int | None]
+
+
+STREAMED = {
+    "local": Streamed(iter_local_records, lambda path, **_: local_identity(path), lambda path, **_: local_size(path)),
+    "hub": Streamed(iter_hub_records, hub_identity, hub_size),
+}
+"""The sources read one record at a time (the others return a list)."""
 
 
 def stream_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) -> Iterator[dict[str, Any]]:
@@ -191,17 +214,19 @@ def stream_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) 
         return iter(load_records(source, needs=needs, **kwargs))
     function = SOURCES.get(source)
     _check_arguments(source, function, kwargs)
-    return _checked(STREAMED[source][0](**kwargs), needs, source, kwargs)
+    return _checked(STREAMED[source].records(**kwargs), needs, source, kwargs)
 
 
-def source_identity(source: str, source_args: dict[str, Any]) -> Any:
-    """What changes when the data of ``source`` changes, without reading it (a streamed source's files:
-    path, size, modification time); None for a source whose records must be read to know (its
-    records are then hashed as they are read)."""
+def source_identity(source: str, source_args: dict[str, Any]) -> tuple[Any, int | None]:
+    """What changes when the data of ``source`` changes, without reading it (a local corpus' files:
+    path, size, modification time; None where it must be read to know, as a list source: its records
+    are then hashed as they are read), and its size in bytes where known."""
     if source not in STREAMED:
-        return None
-    path = source_args.get("path")
-    return STREAMED[source][1](path) if path is not None else None
+        return None, None
+    try:
+        return STREAMED[source].identity(**source_args), STREAMED[source].size(**source_args)
+    except TypeError:
+        return None, None  # arguments the source refuses: it says so, in one line, when it is read
 
 
 def _checked(

@@ -31,7 +31,7 @@ from tasks.data.loading import (
     world_rank,
 )
 from tasks.data.prepared import Corpus, SplitTokens, cache_root, cached_tokenizer, prepared_tokens, split_records
-from tasks.data.sources import check_texts, load_records, source_identity, split_of, stream_records
+from tasks.data.sources import STREAMED, check_texts, load_records, source_identity, split_of, stream_records
 from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, train_tokenizer
 from tasks.errors import DataError
 
@@ -308,15 +308,15 @@ class PreparedDataModule(TextDataModule):
             "max_records": self.max_records,
             "seed": self.seed if self.max_records is not None else None,
         }
-        known = source_identity(self.source, self.source_args) if self.max_records is None else None
-        if known is not None:
+        if self.source in STREAMED and self.max_records is None:
+            known, size = source_identity(self.source, self.source_args)
             source, args, needs = self.source, self.source_args, self.fields
             return Corpus(
                 lambda: split_records(stream_records(source, needs=needs, **args), self.split_of),
                 self.texts,
                 known,
                 settings,
-                size=sum(size for _, size, _ in known),
+                size=size,
                 train_share=max(1.0 - self.val_fraction - self.test_fraction, 0.0),
             )
         records = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
