@@ -29,12 +29,15 @@ def _runs(cwd: Path) -> list[Path]:
         ),
         ("trainer.max_step=10", ["trainer.max_step is not a key of trainer", "did you mean trainer.max_steps=10?"]),
         ("trainer=gpu", ["this machine has no GPU", "use trainer=cpu"]),
+        ("model/position=rope,alibi", ["add -m (--multirun)", "model/position=[rope,alibi] for a list"]),
+        ("modl/position=rope", ["modl/position is not a config group", "did you mean model/position=rope?"]),
     ],
 )
 def test_a_mistake_hydra_or_lightning_sees_is_one_line_and_leaves_no_run(override, needles, tmp_path):
     done = run("train", *GPT, override, cwd=tmp_path)
     line = one_line_error(done, "ConfigError", *needles)
     assert "+trainer" not in line  # not Hydra's advice to add a key that was misspelt
+    assert "hydra/" not in line and len(line) < 400  # the user's groups, not Hydra's own
     assert _runs(tmp_path) == []
 
 

@@ -33,6 +33,14 @@ def composition_error(error: BaseException) -> Exception | None:
             f"write key=value, and quote a value that holds spaces, brackets or commas: "
             f"key='a value'"
         )
+    ambiguous = re.match(r"Ambiguous value for argument '(.+)'", str(error))
+    if ambiguous:
+        given = ambiguous.group(1)
+        key, _, values = given.partition("=")
+        return zoo.ConfigError(
+            f"{given}: a comma gives several values; add -m (--multirun) to run one job for each, write "
+            f"{key}=[{values}] for a list, or quote it for text with a comma: {key}='{values}'"
+        )
     if isinstance(error, HydraException | OmegaConfBaseException):
         return zoo.ConfigError(_composition(error))
     if isinstance(error, OSError) and error.errno is not None:
@@ -81,7 +89,8 @@ def _unknown_key(full: str, key: str, node: DictConfig, value: str) -> str:
         groups = config_groups()
         match = difflib.get_close_matches(key, groups, n=1)
         closest = f"; did you mean {match[0]}{value}?" if match else ""
-        return f"{key} is not a config group{closest} (groups: {', '.join(groups)})"
+        own = [g for g in groups if g != "hydra" and not g.startswith("hydra/")]  # Hydra's own: not the user's choice
+        return f"{key} is not a config group{closest} (groups: {', '.join(own)})"
     keys = [str(k) for k in node if k != "hydra"]
     where = f"of {parent}" if parent else "of the config"
     match = difflib.get_close_matches(key, keys, n=1)
