@@ -317,6 +317,17 @@ class ValidateAtTheEnd(L.Callback):
         if 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True  # Lightning validates when a run is asked to stop
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint written by this last validation counts the last step as logged. Lightning counts
+        a step for its loggers only after the validation that follows it; a restart from the checkpoint
+        of a validation every ``val_check_interval`` makes up for that, but not from this one, the end
+        of a run (its stop was asked): a run that finished, resumed with more steps, would log its
+        first step under the last step of the run it continues, and every row one step early."""
+        stopping = trainer.validating and trainer.state.fn == "fit" and 0 < trainer.max_steps <= trainer.global_step
+        state = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+        if stopping and "_batches_that_stepped" in state:
+            state["_batches_that_stepped"] = max(state["_batches_that_stepped"], trainer.global_step)
+
 
 class StopOnNonFinite(L.Callback):
     """Stops training with a DivergedError as soon as the loss or a gradient is NaN or infinite,

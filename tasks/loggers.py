@@ -123,16 +123,18 @@ class CSVLogger(LightningCSVLogger):
         return len(missing)
 
     def resume_at(self, step: int) -> int:
-        """Drop the rows of ``step`` and later; returns how many were dropped. A checkpoint of
-        global step k holds k optimizer steps: the batch after it logs its learning rate and loss
-        as step k (a validation after k steps logs as k - 1), so rows of step k came after it."""
+        """Drop the rows of ``step`` and later, which the resumed run logs again; returns how many were
+        dropped. A checkpoint of global step k holds k optimizer steps: the batch after it logs its
+        learning rate and loss as step k (a validation after k steps logs as k - 1), so rows of step k
+        came after it. The test of a run that finished (logged as step k) is kept: the resumed run
+        tests again only at its own end."""
         path = Path(self.experiment.metrics_file_path)
         if not path.is_file():
             return 0
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
             fields, rows = list(reader.fieldnames or []), list(reader)
-        kept = [r for r in rows if not r.get("step") or int(float(r["step"])) < step]
+        kept = [r for r in rows if not r.get("step") or int(float(r["step"])) < step or _a_test(r)]
         if len(kept) < len(rows):
             text = io.StringIO(newline="")
             writer = csv.DictWriter(text, fieldnames=fields)
@@ -140,6 +142,12 @@ class CSVLogger(LightningCSVLogger):
             writer.writerows(kept)
             atomic_write_text(path, text.getvalue())
         return len(rows) - len(kept)
+
+
+def _a_test(row: dict[str, str]) -> bool:
+    """Whether ``row`` holds test metrics only."""
+    given = [k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")]
+    return bool(given) and all(k.startswith("test/") for k in given)
 
 
 def _as_text(row: dict[str, Any], fields: list[str]) -> dict[str, str]:
