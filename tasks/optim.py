@@ -85,6 +85,7 @@ class OptimizerSettings:
 
     name: ClassVar[str]  # set by @register
     title: ClassVar[str]  # how a model card or a log names it
+    elementwise: ClassVar[bool] = True  # each entry's update reads only its own state (a sliced weight updates alike)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> OptimizerSettings:
@@ -157,6 +158,8 @@ class MuonSettings(AdamWSettings):
     ``adamw_lr`` None is ``lr``: with ``adjust_lr_fn="match_rms_adamw"`` Muon's updates have
     AdamW's RMS (Liu et al. 2025, https://arxiv.org/abs/2502.16982), so one learning rate serves
     both."""
+
+    elementwise: ClassVar[bool] = False  # orthogonalizes each weight matrix whole
 
     title = "Muon + AdamW"
     momentum: float = 0.95

@@ -134,6 +134,21 @@ class TensorParallelStrategy(ModelParallelStrategy):
         strategy without them)."""
         cls(**settings).check(model, devices)
 
+    @classmethod
+    def check_run(cls, *, task: type, optimizer: Any, num_nodes: int) -> None:
+        """Refuse, when a run is composed (tasks.cli.checks.check_strategy: before any process starts), an
+        optimizer that cannot update slices (``optimizer``: its OptimizerSettings) and more than one node."""
+        if not optimizer.elementwise:
+            raise zoo.ConfigError(
+                f"optimizer={optimizer.name} updates each weight matrix as a whole, and under trainer=tp every "
+                f"rank holds slices of them; choose optimizer=adamw, or trainer=ddp"
+            )
+        if num_nodes != 1:
+            raise zoo.ConfigError(
+                f"trainer.num_nodes={num_nodes}: trainer=tp lays its mesh over the devices of one node; "
+                f"set trainer.num_nodes=1, or use trainer=fsdp"
+            )
+
     def check(self, model: zoo.ZooModel, devices: int) -> None:
         """Raise ConfigError for a model this strategy's groups cannot split on ``devices`` devices."""
         check_tensor_parallel(model, self.degree(devices))

@@ -99,6 +99,22 @@ class PipelineParallelStrategy(ModelParallelStrategy):
         self._grads: list[tuple[Tensor, Tensor]] = []  # the running step's gradients, until ``backward``
         self._tied_group: dist.ProcessGroup | None = None  # None: the default group (2 stages)
 
+    @classmethod
+    def check_run(cls, *, task: type, optimizer: Any, num_nodes: int) -> None:
+        """Refuse, when a run is composed (tasks.cli.checks.check_strategy: before any process starts), a task
+        that cannot cut its batches and losses into stages, and more than one node."""
+        if not all(hasattr(task, hook) for hook in cls.task_hooks):
+            raise zoo.ConfigError(
+                f"trainer=pp trains tasks that cut their batches and losses into stages "
+                f"({', '.join(cls.task_hooks)}), such as task=generator, mlm or classifier, not "
+                f"{task.__name__}; use trainer=ddp, fsdp or tp"
+            )
+        if num_nodes != 1:
+            raise zoo.ConfigError(
+                f"trainer.num_nodes={num_nodes}: trainer=pp cuts the model over the devices of one node; "
+                f"set trainer.num_nodes=1, or use trainer=fsdp"
+            )
+
     def connect(self, model: Any) -> None:
         """Refuse, in every process and before any of them waits for the others, what cannot be cut."""
         if not isinstance(model, ZooTask) or not all(hasattr(model, hook) for hook in self.task_hooks):

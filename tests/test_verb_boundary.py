@@ -71,3 +71,20 @@ def test_help_of_a_verb_that_reads_a_checkpoint_lists_its_own_settings(verb, set
     assert done.returncode == 0, done.stderr
     assert setting in done.stdout and "Configuration groups" not in done.stdout and "experiment:" not in done.stdout
     assert done.stdout.startswith(f"zoo-{verb.replace('evaluate', 'eval')}: ")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["trainer=tp", "optimizer=muon"], ["optimizer=muon updates each weight matrix as a whole", "optimizer=adamw"]),
+        (["experiment=t5_translator", "trainer=pp"], ["trainer=pp trains tasks that cut", "TranslatorTask"]),
+        (["trainer=tp", "trainer.num_nodes=2"], ["trainer.num_nodes=2", "set trainer.num_nodes=1"]),
+    ],
+)
+def test_what_a_strategy_refuses_is_refused_once_before_any_process_starts(overrides, needles, tmp_path):
+    """Issue 37, item 4: the refusal is made when the run is composed, once (not once per rank), names the
+    user's choice, and leaves nothing behind, not even the empty outputs/ folders the run would have used."""
+    done = run("train", "trainer.max_steps=1", *overrides, cwd=tmp_path)
+    one_line_error(done, *needles)
+    assert "Initializing distributed" not in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -62,6 +62,14 @@ def check_strategy(cfg: DictConfig, model: zoo.ModelConfig) -> None:
     a run directory claimed; the model is built on the meta device, so nothing is allocated."""
     target = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
     devices = OmegaConf.select(cfg, "trainer.devices", default=None)
+    check_run = getattr(get_class(target), "check_run", None) if target else None
+    if check_run is not None:  # the task, optimizer and nodes it cannot run, before any process starts
+        nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1)
+        check_run(
+            task=task_class(str(cfg.task._target_)),
+            optimizer=optimizer_settings(OmegaConf.to_container(cfg.optimizer, resolve=True)),
+            num_nodes=nodes if isinstance(nodes, int) else 1,
+        )
     check = getattr(get_class(target), "check_model", None) if target else None
     if check is not None and isinstance(devices, int) and devices > 0:
         settings = OmegaConf.to_container(cfg.trainer.strategy, resolve=True)

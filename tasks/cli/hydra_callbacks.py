@@ -47,9 +47,11 @@ class FreshRunDir(Callback):
             if chosen and os.path.lexists(folder):
                 self.check_chosen(config, folder)
             elif chosen:
+                OWN_PARENTS[:] = missing_parents(folder)
                 folder.mkdir(parents=True)
                 OWN_RUN_DIR[:] = [folder.resolve()]
             else:
+                OWN_PARENTS[:] = missing_parents(folder)
                 fresh = claim_fresh(folder)
                 OWN_RUN_DIR[:] = [fresh.resolve()]
                 if fresh != folder:
@@ -63,6 +65,7 @@ class FreshRunDir(Callback):
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         OWN_RUN_DIR.clear()  # the run is over: its directory is no longer a candidate for removal
+        OWN_PARENTS.clear()
 
     def continue_run(self, config: DictConfig, given: str) -> None:
         """``resume=<run dir>``: this command runs in that directory, its record in ``.hydra/resume``.
@@ -118,6 +121,17 @@ class FreshRunDir(Callback):
 
 OWN_RUN_DIR: list[Path] = []
 """The run directory FreshRunDir created in this process for the run under way (none or one)."""
+OWN_PARENTS: list[Path] = []
+"""The folders above it that it created too (outputs/<experiment>/runs on a first run), deepest first."""
+
+
+def missing_parents(folder: Path) -> list[Path]:
+    """The folders above ``folder`` that do not exist yet, deepest first."""
+    missing, parent = [], folder.resolve().parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return missing
 HYDRA_RECORDS = {"config.yaml", "hydra.yaml", "overrides.yaml"}  # what Hydra writes into <run>/.hydra/
 
 
@@ -148,8 +162,12 @@ def discard_own_run_dir() -> None:
         if hydra_dir.is_dir():
             hydra_dir.rmdir()
         folder.rmdir()
-    except OSError:  # it changed meanwhile, or cannot be removed: it stays
+        for parent in OWN_PARENTS:  # the folders above it that this command made, while they are empty
+            parent.rmdir()
+    except OSError:  # it changed meanwhile, holds something else, or cannot be removed: it stays
         return
+    finally:
+        OWN_PARENTS.clear()
 
 
 def set_hydra(config: DictConfig, key: str, value: str) -> None:
