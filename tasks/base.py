@@ -55,8 +55,8 @@ class ZooTask(L.LightningModule):
         self.adapter_save = settings.pop("save", "full")  # conf/adapter: full, or only (the adapter + its base's name)
         if self.adapter_save not in SAVE_MODES or (self.adapter_save == "only" and name == "none"):
             raise zoo.ConfigError(
-                f"adapter.save={self.adapter_save!r}: choose full or only (only with an adapter "
-                f"such as adapter=lora: without one every tensor trains)"
+                f"adapter.save={self.adapter_save!r}: choose auto (only with init_from=, else full), full or only "
+                f"(only with an adapter such as adapter=lora: without one every tensor trains)"
             )
         if name != "none":  # conf/adapter: LoRA freezes the model and trains its adapters
             zoo.adapters.apply(self.model, name, **settings)

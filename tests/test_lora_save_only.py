@@ -161,3 +161,18 @@ def test_an_hf_folder_is_a_base_too(tmp_path):
     adapted = {k: v for k, v in task.model.state_dict().items() if not zoo.adapters.is_adapter_tensor(k)}
     for name, tensor in dense.state_dict().items():
         torch.testing.assert_close(adapted[name], tensor, atol=0, rtol=0)
+
+
+def test_a_lora_run_on_a_base_saves_adapters_only_by_default(base, tmp_path):
+    """Issue 37, item 3: adapter=lora with init_from= and no adapter.save keeps the base out of its
+    checkpoints (named and checked by hash); without init_from= nothing else holds the base: whole."""
+    train(compose_train("gpt_generator", tmp_path / "based", *LORA, f"init_from={base}", "test=false"))
+    based = torch.load(tmp_path / "based" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert based["hyper_parameters"]["adapter"]["save"] == "only" and BASE_KEY in based
+    assert all(zoo.adapters.is_adapter_tensor(k) for k in based["state_dict"])
+    task, _ = load_task(tmp_path / "based" / "checkpoints" / "last.ckpt")  # the base read back
+    assert task.model.embed.weight.abs().sum() > 0
+    train(compose_train("gpt_generator", tmp_path / "fresh", *LORA, "test=false"))
+    fresh = torch.load(tmp_path / "fresh" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert fresh["hyper_parameters"]["adapter"]["save"] == "full" and BASE_KEY not in fresh
+    assert not all(zoo.adapters.is_adapter_tensor(k) for k in fresh["state_dict"])

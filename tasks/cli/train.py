@@ -113,6 +113,8 @@ def build_task(cfg: DictConfig, model_cfg: zoo.ModelConfig, datamodule: Any, sta
     when given; compiled when asked."""
     scheduler = OmegaConf.to_container(cfg.scheduler) if "scheduler" in cfg else None  # None: a run of 0.x resumed
     adapter = OmegaConf.to_container(cfg.adapter) if "adapter" in cfg else None
+    if adapter and adapter.get("save") == "auto":  # adapters only when a base is named to read back, else all
+        adapter["save"] = "only" if cfg.get("init_from") else "full"
     settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if not k.startswith("_")}
     from_data = {
         "model": model_cfg.to_dict(),
