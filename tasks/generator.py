@@ -12,6 +12,7 @@ from torchmetrics.text import Perplexity
 
 import zoo
 from tasks.base import ZooTask
+from tasks.chat import chat_prompt
 from tasks.loggers import sample_block
 from tasks.pipeline import PipelineBatch
 
@@ -114,6 +115,41 @@ class GeneratorTask(ZooTask):
         """The ``model.generate`` keywords of this task's validation samples, which ``zoo-export
         format=hf`` writes into generation_config.json: sampled at ``sample_temperature``, unfiltered."""
         return {"max_new_tokens": self.sample_tokens, "do_sample": True, "temperature": self.sample_temperature}
+
+    @torch.no_grad()
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        origin: str,
+        max_new_tokens: int,
+        do_sample: bool,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        compile: bool = False,
+        **_: Any,
+    ) -> str:
+        """The model's reply to ``messages`` (the conversation so far), as its chat template asks for one
+        (tasks.chat: rendered in a sandbox), ended by its end-of-turn token; the reply alone."""
+        ids, end = chat_prompt(self, messages, origin)
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        out = self.model.generate(
+            torch.tensor([ids], device=self.device),
+            max_new_tokens,
+            generator=generator,
+            eos_token_id=end,
+            do_sample=bool(do_sample),
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            compile=bool(compile),
+            **sampling,
+        )
+        return self.tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True).strip()
 
     @torch.no_grad()
     def generate_text(self, prompt: str, max_new_tokens: int, *, seed: int = 0, **kwargs: Any) -> str:

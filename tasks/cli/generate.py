@@ -91,10 +91,14 @@ def main(cfg: DictConfig) -> str:
         "a zoo-train checkpoint, e.g. ckpt_path=outputs/<run>/checkpoints/last.ckpt, or a "
         "pretrained model (an HF folder, a GGUF file)",
     )
+    if not isinstance(cfg.chat, bool):
+        raise UserError(f"chat={cfg.chat!r} must be true or false")
     task, info = load_model_task(cfg.ckpt_path)
     for_inference(task, cfg)  # quantize= / kv_cache=
     if task.tokenizer_json is None:
         raise zoo.CheckpointError(f"{cfg.ckpt_path} holds no tokenizer; pass a checkpoint that zoo-train wrote")
+    if cfg.chat:
+        return converse(task, cfg)
     with warnings.catch_warnings(record=True) as caught, zoo.measured() as speed:
         warnings.simplefilter("always", GenerationLimitWarning)
         text = respond(task, info["task"], cfg)
@@ -107,6 +111,35 @@ def main(cfg: DictConfig) -> str:
     if speed.tokens:
         print(speed_line(speed, compiled=cfg.compile), file=sys.stderr)
     return text
+
+
+def converse(task: ZooTask, cfg: DictConfig) -> str:
+    """chat=true: the model's reply to ``prompt=`` as one user turn; without a prompt, a conversation read
+    from the terminal turn by turn (each reply sees the ones before), until Ctrl-D, an empty line or /exit."""
+    if not hasattr(task, "chat"):
+        raise UserError(f"chat=true is for generators (a decoder); {cfg.ckpt_path} is a {type(task).__name__}")
+    settings = {key: cfg[key] for key in SETTINGS} | {"origin": str(cfg.ckpt_path)}
+    if not (OmegaConf.is_missing(cfg, "prompt") or literal(cfg, "prompt") is None):
+        reply = task.chat([{"role": "user", "content": utf8_text("prompt", literal(cfg, "prompt"))}], **settings)
+        print(reply)
+        return reply
+    messages: list[dict[str, str]] = []
+    reply = ""
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("zoo: chat with the model; an empty line, /exit or Ctrl-D ends it", file=sys.stderr)
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            break
+        if not line.strip() or line.strip() == "/exit":
+            break
+        messages.append({"role": "user", "content": utf8_text("prompt", line)})
+        reply = task.chat(messages, **settings)
+        messages.append({"role": "assistant", "content": reply})
+        print(reply if not interactive else f"model> {reply}", flush=True)
+    return reply
 
 
 def speed_line(speed: zoo.Measured, *, compiled: bool) -> str:
