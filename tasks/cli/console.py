@@ -32,12 +32,26 @@ def _quoted(text: str) -> str:
     return f"'{text}'"
 
 
+NOISE = (
+    "litlogger",  # a tip to install Lightning's cloud logger
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "`Trainer.fit` stopped:",  # the closing table says how the run ended
+    "Restoring states from the checkpoint",
+    "Loaded model weights from the checkpoint",
+    "was configured so",  # `Trainer(limit_val_batches=1)` was configured so 1 batch will be used
+    "You are using a CUDA device",  # the tensor-core tip: zoo sets the matmul precision itself
+)
+"""Lines of Lightning's that a user cannot act on (zoo's own output says what matters of them)."""
+
+
 def quiet_libraries() -> None:
-    """Hide what libraries print that a user cannot act on: Lightning's tip to install its cloud
-    logger, and a deprecation inside Lightning's own pytree helper."""
+    """Hide what libraries print that a user cannot act on (:data:`NOISE`), and a deprecation inside
+    Lightning's own pytree helper. Lightning's warnings and errors pass."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: "litlogger" not in record.getMessage()
+        lambda record: record.levelno > logging.INFO or not any(text in record.getMessage() for text in NOISE)
     )
 
 

@@ -132,6 +132,8 @@ def missing_parents(folder: Path) -> list[Path]:
         missing.append(parent)
         parent = parent.parent
     return missing
+
+
 HYDRA_RECORDS = {"config.yaml", "hydra.yaml", "overrides.yaml"}  # what Hydra writes into <run>/.hydra/
 
 
