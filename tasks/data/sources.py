@@ -206,15 +206,22 @@ STREAMED = {
 """The sources read one record at a time (the others return a list)."""
 
 
-def stream_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) -> Iterator[dict[str, Any]]:
+def stream_records(
+    source: str,
+    /,
+    *,
+    needs: Sequence[str] = (),
+    texts: Callable[[dict[str, Any]], list[str]] | None = None,
+    **kwargs: Any,
+) -> Iterator[dict[str, Any]]:
     """The records of ``source`` one at a time: a streamed source (:data:`STREAMED`) in bounded memory,
     any other from its list. Each record is checked as it passes (``needs``: the fields the data module
-    reads); the arguments before the first record."""
+    reads; ``texts``: what of a record the tokenizer reads, all strings); the arguments before the first."""
     if source not in STREAMED:
         return iter(load_records(source, needs=needs, **kwargs))
     function = SOURCES.get(source)
     _check_arguments(source, function, kwargs)
-    return _checked(STREAMED[source].records(**kwargs), needs, source, kwargs)
+    return _checked(STREAMED[source].records(**kwargs), needs, texts, source, kwargs)
 
 
 def source_identity(source: str, source_args: dict[str, Any]) -> tuple[Any, int | None]:
@@ -230,7 +237,11 @@ def source_identity(source: str, source_args: dict[str, Any]) -> tuple[Any, int 
 
 
 def _checked(
-    records: Iterable[dict[str, Any]], needs: Sequence[str], source: str, source_args: dict[str, Any]
+    records: Iterable[dict[str, Any]],
+    needs: Sequence[str],
+    texts: Callable[[dict[str, Any]], list[str]] | None,
+    source: str,
+    source_args: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
     n = -1
     for n, record in enumerate(records):
@@ -242,6 +253,8 @@ def _checked(
                     f"{str(record.get('key'))[:80]!r}) has no field {field!r} (it has: {', '.join(found)}); "
                     f"map a column to it with data.source_args.{field}=<column>, or fill or remove the record"
                 )
+        if texts is not None:
+            check_record_texts(n, record, texts, source, source_args)
         yield record
     if n < 0:
         raise DataError(f"data.source_args.path={source_args.get('path')}: no records in it; point it at your data")
@@ -256,16 +269,27 @@ def check_texts(
     """A DataError at the first record whose texts (``texts(record)``: what the tokenizer reads) are not
     all strings: a number, a list or an object in a JSON Lines file."""
     for i, record in enumerate(records):
-        bad = next((text for text in texts(record) if not isinstance(text, str)), None)
-        if bad is None:
-            continue
-        field = next(k for k, v in record.items() if v is bad)
-        where = f"data.source_args.path={source_args['path']}" if "path" in source_args else f"data.source={source}"
-        raise DataError(
-            f"{where}: record {i} (key {str(record.get('key'))[:80]!r}) has {field!r} = {str(bad)[:40]} "
-            f'(of type {type(bad).__name__}), not text; make every {field!r} a string (in JSON: "...") '
-            f"or remove the record"
-        )
+        check_record_texts(i, record, texts, source, source_args)
+
+
+def check_record_texts(
+    i: int,
+    record: dict[str, Any],
+    texts: Callable[[dict[str, Any]], list[str]],
+    source: str,
+    source_args: dict[str, Any],
+) -> None:
+    """A DataError naming the data and record ``i`` when its texts are not all strings."""
+    bad = next((text for text in texts(record) if not isinstance(text, str)), None)
+    if bad is None:
+        return
+    field = next(k for k, v in record.items() if v is bad)
+    where = f"data.source_args.path={source_args['path']}" if "path" in source_args else f"data.source={source}"
+    raise DataError(
+        f"{where}: record {i} (key {str(record.get('key'))[:80]!r}) has {field!r} = {str(bad)[:40]} "
+        f'(of type {type(bad).__name__}), not text; make every {field!r} a string (in JSON: "...") '
+        f"or remove the record"
+    )
 
 
 def _takes_any(function: Callable[..., Any]) -> bool:

@@ -312,7 +312,7 @@ class PreparedDataModule(TextDataModule):
             known, size = source_identity(self.source, self.source_args)
             source, args, needs = self.source, self.source_args, self.fields
             return Corpus(
-                lambda: split_records(stream_records(source, needs=needs, **args), self.split_of),
+                lambda: split_records(stream_records(source, needs=needs, texts=self.texts, **args), self.split_of),
                 self.texts,
                 known,
                 settings,
