@@ -87,3 +87,22 @@ def test_plugins_register_through_entry_points(tmp_path, monkeypatch):
         if "plugin_ffn" in registry.FFN:
             registry.FFN.unregister("plugin_ffn")
         sys.modules.pop("zoo_test_plugin", None)
+
+
+def test_zoo_info_reads_the_model_of_a_checkpoint_and_of_a_folder(gpt_base, tmp_path, capsys):
+    """Issue 37, item 7: the numbers of the model a run trained (its vocabulary is the data's), not only a
+    preset's; a zoo model folder and an HF one too; a file that is no checkpoint is one line."""
+    info_main([str(gpt_base), "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    task_model = zoo.load_weights_file(gpt_base)["hyper_parameters"]["model"]
+    model = zoo.build_model(zoo.ModelConfig.from_dict(task_model))
+    assert row["params"] == zoo.count_parameters(model) and row["name"].endswith("last.ckpt")
+    zoo.save_pretrained(model, tmp_path / "folder")
+    zoo.to_hf(model, tmp_path / "hf")
+    info_main([str(tmp_path / "folder"), str(tmp_path / "hf"), "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["params"] for r in rows] == [row["params"]] * 2
+    (tmp_path / "junk.ckpt").write_text("not a checkpoint")
+    with pytest.raises(SystemExit) as end:
+        info_main([str(tmp_path / "junk.ckpt")])
+    assert end.value.code == 2 and capsys.readouterr().err.startswith("zoo: CheckpointError:")

@@ -1,18 +1,30 @@
-"""``zoo-info``: parameters, FLOPs per token and KV-cache size of presets, as a table (with the active
-parameters, those one token uses, where a mixture-of-experts preset is among them)."""
+"""``zoo-info``: parameters, FLOPs per token and KV-cache size of presets, or of the model of a checkpoint,
+a zoo or Hugging Face model folder or a GGUF file, as a table (with the active parameters, those one token
+uses, where a mixture-of-experts model is among them)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from zoo.config import ModelConfig
+from zoo.hf import from_hf_config
+from zoo.hf.folder import is_hf_folder
+from zoo.hf.folder import read_config as read_hf_config
+from zoo.io import CheckpointError, load_weights_file
 from zoo.kv_cache import KV_FORMATS
 from zoo.presets import list_models
+from zoo.pretrained import read_config as read_zoo_config
+from zoo.registry import ConfigError
 from zoo.stats import stats
 
 DTYPES = {
@@ -33,6 +45,36 @@ def _human(n: float, unit: str = "", prefixes: str = " KMGTPE") -> str:
             return f"{n:.3g} {prefix.strip()}{unit}".rstrip()
         n /= 1000
     return f"{n:.3g} {prefixes[-1]}{unit}"
+
+
+def config_of(path: str) -> ModelConfig:
+    """The model config of a file or folder: a zoo or Hugging Face model folder (config.json), a GGUF file
+    (its header and tensor table), or a checkpoint (``torch.save``: its ``hyper_parameters.model``,
+    read weights-only)."""
+    source = Path(path)
+    if source.is_dir():
+        if is_hf_folder(source):
+            return from_hf_config(read_hf_config(source))
+        return read_zoo_config(source)
+    if source.suffix.lower() == ".gguf":
+        from zoo.gguf import read_gguf  # noqa: PLC0415  (its reader only when a GGUF file is asked about)
+
+        return read_gguf(source).model.config
+    checkpoint = load_weights_file(source)
+    model = (checkpoint.get("hyper_parameters") or {}).get("model") if isinstance(checkpoint, dict) else None
+    if not isinstance(model, dict):
+        raise CheckpointError(
+            f"{path}: holds no model config (a zoo-train checkpoint does); pass one, or a preset name"
+        )
+    return ModelConfig.from_dict(model)
+
+
+def _one_line(read: Callable[[], ModelConfig]) -> ModelConfig:
+    try:
+        return read()
+    except (CheckpointError, ConfigError) as error:
+        print(f"zoo: {type(error).__name__}: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 def positive_int(text: str) -> int:
@@ -57,19 +99,23 @@ def info_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
-    names: list[str] = []
+    models: list[tuple[str, str | ModelConfig]] = []
     for pattern in args.models or ["*"]:
+        if os.path.exists(pattern):  # a checkpoint, a model folder, a GGUF file: its model
+            shown = pattern if len(pattern) <= 24 else "…" + pattern[-23:]
+            models.append((shown, _one_line(lambda path=pattern: config_of(path))))
+            continue
         matched = list_models(pattern)
         if not matched:
             print(
-                f"zoo: ConfigError: no preset matches {pattern!r}; presets: {', '.join(list_models())}", file=sys.stderr
+                f"zoo: ConfigError: {pattern!r} is no file or folder, and no preset matches it; presets: "
+                f"{', '.join(list_models())}",
+                file=sys.stderr,
             )
             sys.exit(2)
-        names += [n for n in matched if n not in names]
-    rows = [
-        stats(n, seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype], kv_dtype=args.kv_dtype)
-        for n in names
-    ]
+        models += [(n, n) for n in matched if (n, n) not in models]
+    settings = dict(seq_len=args.seq_len, batch_size=args.batch_size, dtype=DTYPES[args.dtype], kv_dtype=args.kv_dtype)
+    rows = [replace(stats(model, **settings), name=name) for name, model in models]
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
@@ -77,7 +123,7 @@ def info_main(argv: list[str] | None = None) -> None:
     sparse = any(r.active_params != r.params for r in rows)  # a mixture of experts: show what a token uses
     columns = ["model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"]
     for column in columns[:2] + ["active"] * sparse + columns[2:]:
-        table.add_column(column, justify="left" if column == "model" else "right")
+        table.add_column(column, justify="left" if column == "model" else "right", no_wrap=column == "model")
     for r in rows:
         active = [_human(r.active_params, prefixes=" KMBT")] * sparse
         table.add_row(
