@@ -22,7 +22,7 @@ def _script(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["hf_compare", "device", "flex", "text_metrics"])
+@pytest.mark.parametrize("name", ["hf_compare", "device", "flex", "text_metrics", "data"])
 def test_each_script_runs_from_a_checkout(name):
     out = subprocess.run(
         [sys.executable, str(BENCH / f"{name}.py"), "--help"], capture_output=True, text=True, timeout=120, cwd="/"
@@ -195,3 +195,19 @@ def test_text_metrics_bench_reports_both_sides_on_the_same_batch(tmp_path):
     zoo_side, theirs = result["zoo ChrF"], result["torchmetrics CHRFScore"]
     assert zoo_side["ms_per_batch"] > 0 and theirs["ms_per_batch"] > 0 and result["speedup"] > 0
     assert 0 < zoo_side["score"] < 1 and math.isclose(zoo_side["score"], theirs["score"], abs_tol=1e-5)
+
+
+@pytest.mark.slow
+def test_data_bench_runs_zoo_train_twice_on_a_corpus_it_builds(tmp_path):
+    """scripts/bench/data.py at a tiny size: the corpus built, both runs of zoo-train (the second from the
+    cache), the cached setup and the loader timed; every figure the README's table quotes is in the row."""
+    out = tmp_path / "data.json"
+    args = ["--sizes", "0.3", "--steps", "2", "--batches", "5", "--work", str(tmp_path / "work"), "--json", str(out)]
+    done = subprocess.run([sys.executable, str(BENCH / "data.py"), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["text_bytes"] >= 0.3 * 2**20 and row["cache_mb"] > 0
+    for run in ("first", "second"):
+        assert "error" not in row[run] and row[run]["seconds"] > 0 and row[run]["peak_rss_mb"] > 100
+    assert row["loader_tokens_per_s"] > 0 and row["cached_setup_s"] > 0
+    assert not (tmp_path / "work" / "corpus-0.3MB").exists()  # removed without --keep
