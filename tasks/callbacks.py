@@ -318,15 +318,26 @@ class ValidateAtTheEnd(L.Callback):
             trainer.should_stop = True  # Lightning validates when a run is asked to stop
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint written by this last validation counts the last step as logged. Lightning counts
-        a step for its loggers only after the validation that follows it; a restart from the checkpoint
-        of a validation every ``val_check_interval`` makes up for that, but not from this one, the end
-        of a run (its stop was asked): a run that finished, resumed with more steps, would log its
-        first step under the last step of the run it continues, and every row one step early."""
+        """A checkpoint written by this last validation counts the last step as logged, when the step is
+        not one Lightning validates at anyway. Lightning counts a step for its loggers only after the
+        validation that follows it; a restart from the checkpoint of a validation its interval asked for
+        makes up for that, but not from one only the stop asked for (this one, at a step off the
+        interval): a run that finished there, resumed with more steps, would log each row one step early."""
         stopping = trainer.validating and trainer.state.fn == "fit" and 0 < trainer.max_steps <= trainer.global_step
         state = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
-        if stopping and "_batches_that_stepped" in state:
+        if stopping and "_batches_that_stepped" in state and not validates_by_interval(trainer):
             state["_batches_that_stepped"] = max(state["_batches_that_stepped"], trainer.global_step)
+
+
+def validates_by_interval(trainer: L.Trainer) -> bool:
+    """Whether Lightning would validate after the current batch if no stop were asked: its own rule, the one
+    a restart from a checkpoint saved there applies."""
+    loop, asked = trainer.fit_loop.epoch_loop, trainer.should_stop
+    trainer.should_stop = False
+    try:
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    finally:
+        trainer.should_stop = asked
 
 
 class StopOnNonFinite(L.Callback):

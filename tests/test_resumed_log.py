@@ -40,13 +40,15 @@ def _logged_twice(rows: list[tuple[tuple[str, str], ...]]) -> list[tuple[str, st
     return [key for key, n in counts.items() if n > 1]
 
 
-@pytest.mark.parametrize("stop", ["finished", "killed"])
+@pytest.mark.parametrize("stop", ["finished", "finished_on_a_validation", "killed"])
 def test_the_resumed_log_holds_every_row_of_the_unbroken_one_once(stop, tmp_path):
     whole = tmp_path / "whole"
     train(compose_train("gpt_generator", whole, *RUN, "trainer.max_steps=30"))
     broken, tokenizer = tmp_path / "broken", f"data.tokenizer_path={whole / 'tokenizer.json'}"
-    if stop == "finished":  # a 15-step run (validated and tested at its end), then given 30
-        train(compose_train("gpt_generator", broken, *RUN, tokenizer, "trainer.max_steps=15"))
+    if stop.startswith("finished"):  # a 15-step run (validated and tested at its end), then given 30; or 20,
+        # whose end is a step Lightning validates at anyway (its interval: 10)
+        first = 20 if stop == "finished_on_a_validation" else 15
+        train(compose_train("gpt_generator", broken, *RUN, tokenizer, f"trainer.max_steps={first}"))
     else:  # killed in step 13; its last.ckpt is the validation of step 10
         crash = ["++callbacks.crash._target_=test_resume.CrashAt", "++callbacks.crash.step=13"]
         with pytest.raises(RuntimeError, match="killed in step 13"):
@@ -60,6 +62,8 @@ def test_the_resumed_log_holds_every_row_of_the_unbroken_one_once(stop, tmp_path
     extra = [dict(row) for row in resumed if row not in unbroken]
     if stop == "finished":  # the first run's end: its validation (after 15 steps: step 14) and its test
         assert {row["step"] for row in extra} <= {"14", "15"} and any("test/loss" in row for row in extra)
+    elif stop == "finished_on_a_validation":  # its validation is the unbroken run's too: only its test
+        assert [row["step"] for row in extra] == ["20"] and "test/loss" in extra[0]
     else:
         assert extra == []
     assert CrashAt  # the crash callback the config names lives in test_resume
