@@ -24,7 +24,7 @@ from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
 from tasks.cli import export
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
-from tasks.cli.train import train
+from tasks.cli.training import train
 from tasks.errors import UserError
 from zoo.pretrained import check_weights, safetensors_shapes
 

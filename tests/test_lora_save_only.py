@@ -15,7 +15,7 @@ import zoo
 from tasks.checkpoints import BASE_KEY
 from tasks.cli import export
 from tasks.cli.loading import load_task
-from tasks.cli.train import train
+from tasks.cli.training import train
 
 pytestmark = pytest.mark.slow
 LORA = ["adapter=lora", "adapter.rank=4", "optimizer.lr=0.01"]

@@ -12,7 +12,7 @@ from test_tasks import compose_train
 import zoo
 from tasks.cli import export
 from tasks.cli.loading import load_task
-from tasks.cli.train import train
+from tasks.cli.training import train
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,11 @@ from torch import nn
 
 import tasks.loggers
 from tasks.callbacks import UNWRITTEN_ROWS, CrashCheckpoint
-from tasks.checkpoints import RUN_MARKER, ZooCheckpointIO, claim_run_dir, release_runs, remove_killed_writes
+from tasks.checkpoints import ZooCheckpointIO
 from tasks.cli.boundary import one_line
 from tasks.data.loading import ListDataset, ResumableLoader, ShuffledBatchSampler
 from tasks.loggers import CSVLogger
+from tasks.run_dirs import RUN_MARKER, claim_run_dir, release_runs, remove_killed_writes
 
 STEPS = 8
 
@@ -225,7 +226,7 @@ def test_zoo_train_resumed_after_a_failed_metrics_write_logs_every_step_once(wri
     from test_resume import RESUMABLE
     from test_tasks import compose_train
 
-    from tasks.cli.train import train
+    from tasks.cli.training import train
 
     run = [*RESUMABLE, "trainer.max_steps=10", "++trainer.limit_train_batches=4"]
     train(compose_train("gpt_generator", tmp_path / "whole", *run))

@@ -14,8 +14,8 @@ import torch
 from real_commands import GPT, digest, one_line_error, run
 from test_tasks import compose_train
 
-from tasks.checkpoints import RUN_MARKER
-from tasks.cli.train import train
+from tasks.cli.training import train
+from tasks.run_dirs import RUN_MARKER
 
 
 # ---- resume and Ctrl-C ------------------------------------------------------------------------------

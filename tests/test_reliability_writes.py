@@ -14,9 +14,10 @@ import torch
 from test_tasks import compose_train
 
 import zoo
-from tasks.checkpoints import RUN_MARKER, ZooCheckpointIO, claim_fresh, claim_run_dir
-from tasks.cli.train import train
+from tasks.checkpoints import ZooCheckpointIO
+from tasks.cli.training import train
 from tasks.errors import DivergedError, UserError
+from tasks.run_dirs import RUN_MARKER, claim_fresh, claim_run_dir
 
 
 # ---- run directories and checkpoint files: never lost -----------------------------------------------
@@ -106,7 +107,7 @@ def _umask() -> int:
 def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
     import errno
 
-    import tasks.cli.train as train_module
+    import tasks.cli.training as train_module
     from tasks.cli.boundary import user_errors
 
     def read_only(folder, **kwargs):

@@ -25,10 +25,11 @@ from test_reliability import GPT, digest, one_line_error, run
 
 import zoo
 from tasks.callbacks import ProgressBar
-from tasks.checkpoints import RUN_MARKER, ZooCheckpointIO
+from tasks.checkpoints import ZooCheckpointIO
 from tasks.cli.resuming import run_of, stored_config
 from tasks.errors import UserError
 from tasks.loggers import sample_block
+from tasks.run_dirs import RUN_MARKER
 
 
 @pytest.fixture
@@ -340,7 +341,7 @@ def test_the_progress_bar_of_a_resumed_run_counts_to_its_last_step():
 
 
 def test_the_closing_lines_hold_the_paths_whole_at_80_columns(capsys, monkeypatch):
-    from tasks.cli.train import summarize
+    from tasks.cli.training import summarize
 
     monkeypatch.setenv("COLUMNS", "80")
     run_dir = Path("/outputs") / ("long-" * 20) / "runs" / "2026-01-01_00-00-00"

@@ -19,7 +19,7 @@ import zoo
 from tasks import TASKS
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
-from tasks.cli.train import train
+from tasks.cli.training import train
 
 TINY = {  # shrink each experiment to seconds: small data, a few steps
     "gpt_generator": [

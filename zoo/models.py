@@ -18,6 +18,9 @@ zoo/zoo_model.py; it is importable from here too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -302,13 +305,35 @@ def build_model(cfg: ModelConfig, *, seed: int | None = None) -> ZooModel:
     """
     cfg.validate()
     cls = cfg.form
+    if torch.get_default_device().type == "meta":
+        with _random_init_skipped():
+            return cls(cfg)
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         model = cls(cfg)
-        if not model.embed.weight.is_meta:
-            model.init_weights()
+        model.init_weights()
     return model
+
+
+RANDOM_INITS = (
+    *("normal_", "uniform_", "trunc_normal_", "orthogonal_"),
+    *("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_"),
+)
+
+
+@contextmanager
+def _random_init_skipped() -> Iterator[None]:
+    """torch.nn.init's random fills as no-ops while modules are built on the meta device: they would
+    write nothing there, and the first one imports torch's compiler (a second, for zoo-info)."""
+    saved = {name: getattr(nn.init, name) for name in RANDOM_INITS}
+    try:
+        for name in RANDOM_INITS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fill in saved.items():
+            setattr(nn.init, name, fill)
 
 
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:

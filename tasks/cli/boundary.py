@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 
 import torch
 from hydra.errors import ConfigCompositionException, InstantiationException, OverrideParseException
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 import zoo
 from tasks.cli.composition import composition_error
@@ -57,7 +56,7 @@ def one_line(error: BaseException) -> tuple[BaseException, int] | None:
         return error, 1
     if isinstance(error, InstantiationException):
         return _not_built(error)
-    if isinstance(error, MisconfigurationException):
+    if _lightning_refused(error):
         return zoo.ConfigError(_with_gpu_hint(str(error))), 2
     if isinstance(error, ConfigCompositionException | OverrideParseException):  # a config composed in the verb
         described = composition_error(error)
@@ -79,9 +78,9 @@ def _not_built(error: InstantiationException) -> tuple[BaseException, int] | Non
     cause = error.__cause__
     if cause is not None:
         inner = one_line(cause)
-        if inner is not None and not isinstance(cause, MisconfigurationException):
+        if inner is not None and not _lightning_refused(cause):
             return inner
-    if isinstance(cause, MisconfigurationException):
+    if _lightning_refused(cause):
         return zoo.ConfigError(f"{where}: {_with_gpu_hint(str(cause))}"), 2
     if isinstance(cause, TypeError) and re.search(
         r"unexpected keyword argument|required (positional|keyword)", str(cause)
@@ -90,6 +89,13 @@ def _not_built(error: InstantiationException) -> tuple[BaseException, int] | Non
     if str(error).startswith("Error locating target"):
         return zoo.ConfigError(f"{where}: {str(error).splitlines()[0]}"), 2
     return None
+
+
+def _lightning_refused(error: BaseException | None) -> bool:
+    """Whether ``error`` is Lightning's refusal of a setting; Lightning is not imported to ask (a verb
+    refuses what Hydra cannot compose before it imports Lightning, which then raised nothing)."""
+    exceptions = sys.modules.get("lightning.fabric.utilities.exceptions")
+    return exceptions is not None and isinstance(error, exceptions.MisconfigurationException)
 
 
 def _with_gpu_hint(message: str) -> str:

@@ -5,7 +5,6 @@ schema, and the Optuna sweeper."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import typing
 from pathlib import Path
 from typing import Any, Optional
@@ -14,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import zoo
-from tasks.data import DATA_MODULES, TextDataModule
+from tasks.data.settings import SETTINGS
 
 
 def conf_dir() -> str:
@@ -51,24 +50,18 @@ def register_configs() -> None:
 
 
 def register_data_schemas() -> None:
-    """``schema/data/<DataModule>``: each data module's arguments with their defaults and its
+    """``schema/data/<DataModule>``: each data module's settings with their defaults and its
     ``_target_``; a ``conf/data/*.yaml`` extends one and states only what differs, so a default
-    lives in one place (the module's signature). Values stay untyped here: ``check_values`` and
+    lives in one place (tasks/data/settings.py). Values stay untyped here: ``check_values`` and
     the module refuse a bad one in one line that names it (Hydra's own type errors do not)."""
-    for name in DATA_MODULES.names():
-        cls = DATA_MODULES.get(name)
-        target = f"{cls.__module__.rsplit('.', 1)[0]}.{name}"
-        fields = {"_target_": ("_target_", str, dataclasses.field(default=target))}
-        for klass in reversed([k for k in cls.__mro__ if issubclass(k, TextDataModule)]):  # base first
-            hints = typing.get_type_hints(klass.__init__)
-            for arg in inspect.signature(klass.__init__).parameters.values():
-                if arg.kind is not arg.KEYWORD_ONLY:
-                    continue
-                if dict in (typing.get_origin(t) or t for t in typing.get_args(hints[arg.name])):
-                    field = dataclasses.field(default_factory=dict)  # source_args: {} to add keys to
-                else:
-                    field = dataclasses.field(default=MISSING if arg.default is arg.empty else arg.default)
-                fields[arg.name] = (arg.name, Any, field)
+    for name, settings in SETTINGS.items():
+        fields = {"_target_": ("_target_", str, dataclasses.field(default=f"tasks.data.{name}"))}
+        for f in dataclasses.fields(settings):
+            if f.default_factory is not dataclasses.MISSING:
+                field = dataclasses.field(default_factory=f.default_factory)  # source_args: {} to add keys to
+            else:
+                field = dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default)
+            fields[f.name] = (f.name, Any, field)
         ConfigStore.instance().store(
             group="schema/data", name=name, node=dataclasses.make_dataclass(name, list(fields.values()))
         )

@@ -1,16 +1,32 @@
-import zoo
-from tasks.data.modules import (
-    ClassificationDataModule,
-    LMDataModule,
-    MLMDataModule,
-    TextDataModule,
-    TranslationDataModule,
-)
+"""The data modules, loaded on first use (PEP 562): their settings (tasks/data/settings.py) are
+what composing a config needs, and they come without Lightning."""
 
-DATA_MODULES: zoo.Registry[type[TextDataModule]] = zoo.Registry("data module")
-"""Data modules by class name: the name a checkpoint records (``zoo_run.data_module``)."""
-for _module in (LMDataModule, ClassificationDataModule, MLMDataModule, TranslationDataModule):
-    DATA_MODULES.register(_module.__name__)(_module)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasks.lazy import names_from
+
+if TYPE_CHECKING:
+    import zoo
+    from tasks.data.modules import (
+        ClassificationDataModule,
+        LMDataModule,
+        MLMDataModule,
+        TextDataModule,
+        TranslationDataModule,
+    )
+
+    DATA_MODULES: zoo.Registry[type[TextDataModule]]
+
+_HOMES = dict.fromkeys(
+    ("ClassificationDataModule", "LMDataModule", "MLMDataModule", "TextDataModule", "TranslationDataModule"),
+    "tasks.data.modules",
+)
+_HOMES["DATA_MODULES"] = "tasks.data.registry"
+
+
+__getattr__ = names_from(__name__, _HOMES)
 
 __all__ = [
     "DATA_MODULES",

@@ -9,6 +9,7 @@ each batch only to its longest sequence and group sequences of similar length (b
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, ClassVar
@@ -20,6 +21,7 @@ from torch.utils.data import Dataset
 
 from tasks.data.loading import ListDataset
 from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments, encode_fast
+from tasks.data.settings import LMData, MLMData
 from tasks.data.text_module import PreparedDataModule, TextDataModule
 from tasks.data.tokenizers import Specials, added_around, with_cls_sep
 from tasks.errors import DataError
@@ -85,8 +87,11 @@ class LMDataModule(PreparedDataModule):
     needs = ("eos",)
     packings: ClassVar[tuple[str, ...]] = ("concat", "documents")
 
-    def __init__(self, *, packing: str = "concat", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    Settings = LMData
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        packing = typing.cast(LMData, self.settings).packing
         if packing not in self.packings:
             raise DataError(f"data.packing={packing!r} is not one of {list(self.packings)}")
         self.packing = packing
@@ -176,9 +181,11 @@ class MLMDataModule(PreparedDataModule):
     tokenizer_kind = "wordpiece"
     needs = ("mask",)
 
-    def __init__(self, *, mask_prob: float = 0.15, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.mask_prob = mask_prob
+    Settings = MLMData
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.mask_prob = typing.cast(MLMData, self.settings).mask_prob
 
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)

@@ -13,6 +13,7 @@ seeded by (seed, epoch, rank, batch position), never from the global RNG.
 from __future__ import annotations
 
 import random
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ from tasks.data.loading import (
     world_rank,
 )
 from tasks.data.prepared import Corpus, SplitTokens, cache_root, cached_tokenizer, prepared_tokens, split_records
+from tasks.data.settings import PreparedData, TextData
 from tasks.data.sources import STREAMED, check_texts, load_records, source_identity, split_of, stream_records
 from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, train_tokenizer
 from tasks.errors import DataError
@@ -44,29 +46,17 @@ class TextDataModule(L.LightningDataModule):
     fields: ClassVar[tuple[str, ...]] = ("text",)  # what every record must have (see texts, build_dataset)
     needs: ClassVar[tuple[str, ...]] = ()  # special tokens the task needs besides pad (see use_tokenizer)
 
-    def __init__(
-        self,
-        *,
-        source: str,
-        source_args: dict[str, Any] | None = None,
-        tokenizer_path: str | None = None,
-        tokenizer_kind: str | None = None,
-        vocab_size: int = 4096,
-        seq_len: int = 128,
-        batch_size: int = 32,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        max_records: int | None = None,
-        num_workers: int = 0,
-        seed: int = 0,
-    ) -> None:
+    Settings: ClassVar[type[TextData]] = TextData  # what it takes (tasks/data/settings.py)
+
+    def __init__(self, **settings: Any) -> None:
         super().__init__()
-        self.source, self.source_args = source, dict(source_args or {})
-        self.tokenizer_path = tokenizer_path
-        self.kind = tokenizer_kind or self.tokenizer_kind
-        self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
-        self.val_fraction, self.test_fraction = val_fraction, test_fraction
-        self.max_records, self.num_workers, self.seed = max_records, num_workers, seed
+        self.settings = given = self.Settings(**settings)  # a key it does not take: TypeError naming it
+        self.source, self.source_args = given.source, dict(given.source_args or {})
+        self.tokenizer_path = given.tokenizer_path
+        self.kind = given.tokenizer_kind or self.tokenizer_kind
+        self.vocab_size, self.seq_len, self.batch_size = given.vocab_size, given.seq_len, given.batch_size
+        self.val_fraction, self.test_fraction = given.val_fraction, given.test_fraction
+        self.max_records, self.num_workers, self.seed = given.max_records, given.num_workers, given.seed
         self.tokenizer: Tokenizer | None = None
         self.specials = Specials.zoo()
         self.added: tuple[list[int], list[int]] = ([], [])  # ids the tokenizer puts before / after a text (setup)
@@ -264,8 +254,12 @@ class PreparedDataModule(TextDataModule):
     seeded sample of ``tokenizer_sample_mb`` MB and kept in the cache too. Subclasses say how texts
     become ids (``encode_documents``) and how a prepared split becomes a dataset (``prepared_dataset``)."""
 
-    def __init__(self, *, cache_dir: str | None = None, tokenizer_sample_mb: float = 64.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    Settings: ClassVar[type[TextData]] = PreparedData
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        given = typing.cast(PreparedData, self.settings)
+        cache_dir, tokenizer_sample_mb = given.cache_dir, given.tokenizer_sample_mb
         if (
             isinstance(tokenizer_sample_mb, bool)
             or not isinstance(tokenizer_sample_mb, int | float)

@@ -1,0 +1,54 @@
+"""A verb refuses what Hydra cannot compose before it imports Lightning and the models, and zoo-info
+computes its table without torch's compiler: a typo costs a second, not five (issue 37, item 7)."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from tasks.data import DATA_MODULES
+from tasks.data.settings import SETTINGS
+
+TYPOS = [
+    ("model/position=ropee", "did you mean model/position=rope"),
+    ("model.n_layer=3", "did you mean model.n_layers=3"),
+    ("data.seq_lenn=3", "did you mean data.seq_len=3"),
+]
+
+
+def _imported_after(verb_call: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """Run ``verb_call`` in a fresh interpreter with ``argv``; it prints the modules it imported
+    that matter here, after the verb ended."""
+    code = (
+        f"import sys; sys.argv = {argv!r}\n"
+        f"try:\n    {verb_call}\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+        "print('imported', sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torchmetrics'}),"
+        " 'torch._dynamo' in sys.modules)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("override", "fix"), TYPOS)
+def test_a_typo_is_refused_before_lightning_is_imported(override, fix, tmp_path):
+    done = _imported_after("from tasks.cli.train import main; main()", ["zoo-train", override])
+    assert "exit 2" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "imported [] False"
+    assert fix in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_zoo_info_builds_no_compiler():
+    done = _imported_after("from zoo.cli import info_main; info_main()", ["zoo-info", "gpt-tiny", "llama2-7b"])
+    assert "gpt-tiny" in done.stdout and "llama2-7b" in done.stdout, done.stderr
+    assert done.stdout.splitlines()[-1] == "imported [] False"
+
+
+def test_each_data_module_takes_its_declared_settings():
+    assert sorted(SETTINGS) == sorted(DATA_MODULES.names())
+    for name, settings in SETTINGS.items():
+        assert DATA_MODULES.get(name).Settings is settings
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seq_lenn'"):
+        DATA_MODULES.get("LMDataModule")(source="tiny_shakespeare", seq_lenn=3)
+    module = DATA_MODULES.get("MLMDataModule")(source="tiny_shakespeare", mask_prob=0.3, seq_len=16)
+    defaults = {f.name: f.default for f in dataclasses.fields(SETTINGS["MLMDataModule"])}
+    assert (module.mask_prob, module.seq_len, module.batch_size) == (0.3, 16, defaults["batch_size"])
