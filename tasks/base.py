@@ -5,6 +5,7 @@ groups, linear warmup then cosine decay, the tokenizer carried inside checkpoint
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from functools import cached_property
@@ -28,6 +29,26 @@ STAGES = ("train", "val", "test")
 
 SCHEDULE_KEYS = ("warmup_steps", "min_lr_ratio")  # the scheduler's, in the optimizer settings of older checkpoints
 SAVE_MODES = ("full", "only")  # adapter.save: whole checkpoints, or the trained tensors and a reference to the base
+
+
+DECODING = (
+    *("max_new_tokens", "do_sample", "temperature", "top_k", "top_p"),
+    *("num_beams", "length_penalty", "repetition_penalty", "no_repeat_ngram_size"),
+)
+"""The settings of ``ZooModel.generate`` that say how a model decodes (not what it is given)."""
+
+
+def loaded_line(loaded: Any, skipped: list[str], fresh: list[str], adapter: list[str]) -> str:
+    """What ``init_from`` did, for the console: tensors loaded, skipped (with a few names) and new; the
+    adapter's matrices are told apart from tensors that had no weights to load."""
+    parts = [f"{len(loaded)} tensors loaded"]
+    if skipped:
+        parts.append(f"{len(skipped)} skipped ({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''})")
+    if adapter:
+        parts.append(f"{len(adapter)} adapter matrices added (LoRA's B starts at zero: the model starts as loaded)")
+    if fresh:
+        parts.append(f"{len(fresh)} freshly initialised ({', '.join(fresh[:4])}{'…' if len(fresh) > 4 else ''})")
+    return ", ".join(parts)
 
 
 class ZooTask(L.LightningModule):
@@ -183,6 +204,18 @@ class ZooTask(L.LightningModule):
         self.shared_step(batch, batch_idx, "test")
 
     # ---- what the verbs ask: each task answers in its own way ---------------------------------------
+    def generation_settings(self) -> dict[str, Any]:
+        """The ``model.generate`` keywords this task decodes with where they are not generate's defaults
+        (its validation samples, its translations); {} for a task that does not generate."""
+        return {}
+
+    def decoding_settings(self) -> dict[str, Any]:
+        """Every decoding setting of ``ZooModel.generate`` (:data:`DECODING`) this task decodes with: its
+        own, and generate's defaults for the rest. zoo-generate decodes with them where its command line
+        says nothing else, and ``zoo-export format=hf`` writes them into generation_config.json."""
+        defaults = inspect.signature(zoo.ZooModel.generate).parameters
+        return {name: defaults[name].default for name in DECODING} | self.generation_settings()
+
     def respond(self, prompt: str, **settings: Any) -> str:
         """What zoo-generate prints for ``prompt``. ``settings`` are those of conf/generate.yaml
         (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, top, seed); a task reads the
@@ -334,11 +367,8 @@ class ZooTask(L.LightningModule):
             self.base_ref = base_reference(source, state, [k for k in loaded if k not in trains])
         skipped = sorted(set(state) - set(loaded))
         fresh = sorted(set(own) - set(loaded))
-        names = f" ({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''})" if skipped else ""
-        print(
-            f"init_from {source}: {len(loaded)} tensors loaded, {len(skipped)} skipped{names}, {len(fresh)} freshly "
-            f"initialised"
-        )
+        adapter = [k for k in fresh if zoo.adapters.is_adapter_tensor(k)]
+        print(f"init_from {source}: {loaded_line(loaded, skipped, [k for k in fresh if k not in adapter], adapter)}")
 
     # ---- optimisation -------------------------------------------------------------------------------
     def configure_gradient_clipping(

@@ -232,6 +232,23 @@ def test_zoo_attention_writes_maps_and_table_for_each_form(arch, text, pngs, tmp
         assert all(r[7] == "–" for r in rows if r[1] == "cross")  # no own position across sequences
 
 
+def test_the_terminal_shows_table_rows_heads_and_heads_md_all(tmp_path, capsys):
+    folder = saved_model("decoder", tmp_path / "model")
+    summary = report(tmp_path / "out", f"model_dir={folder}", "text=def f(x):", "plots=false", "table_rows=3")
+    printed = capsys.readouterr().out
+    assert summary["heads"] == len(heads_table(tmp_path / "out")) == 8
+    assert "3 of 8, the flagged first: all of them are in heads.md" in printed
+    assert table_rows(printed) == 3
+    report(tmp_path / "all", f"model_dir={folder}", "text=def f(x):", "plots=false", "table_rows=null")
+    printed = capsys.readouterr().out
+    assert "of 8" not in printed and table_rows(printed) == 8
+
+
+def table_rows(printed: str) -> int:
+    """The heads in the table zoo-attention printed (each row names its kind: decoder self)."""
+    return sum(line.count("self") for line in printed.splitlines() if line.startswith("│"))
+
+
 def test_prompt_is_what_text_was(tmp_path):
     folder = saved_model("decoder", tmp_path / "model")
     by_prompt = report(tmp_path / "a", f"model_dir={folder}", "prompt=def add(a, b):", "plots=false")

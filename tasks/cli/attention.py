@@ -246,7 +246,8 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     ]
     (out / "heads.md").write_text(markdown(rows, header), encoding="utf-8")
     written.append(out / "heads.md")
-    print_table(rows, thresholds, inputs.notes)
+    limit = None if cfg.get("table_rows") is None else whole(cfg, "table_rows", 1)
+    print_table(rows, thresholds, inputs.notes, limit=limit)
 
     written.append(out / "summary.json")
     summary = {

@@ -96,12 +96,21 @@ def markdown(rows: list[HeadRow], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def print_table(rows: list[HeadRow], thresholds: str, notes: list[str]) -> None:
-    """The table on the console (flagged heads in bold), then the notes and the flag counts."""
-    table = Table(title=f"attention heads ({thresholds})")
+def print_table(rows: list[HeadRow], thresholds: str, notes: list[str], *, limit: int | None = None) -> None:
+    """The table on the console (flagged heads in bold), then the notes and the flag counts. Beyond
+    ``limit`` rows (a large model's hundreds of heads) it shows the flagged heads first, up to
+    ``limit``, and says where the whole table is (heads.md)."""
+    shown = rows
+    if limit is not None and len(rows) > limit:
+        first = sorted(range(len(rows)), key=lambda i: not rows[i].flags)[:limit]  # flagged first, in order
+        shown = [rows[i] for i in sorted(first)]
+    title = f"attention heads ({thresholds})"
+    if len(shown) < len(rows):
+        title += f"; {len(shown)} of {len(rows)}, the flagged first: all of them are in heads.md"
+    table = Table(title=title)
     for column in SHORT:
         table.add_column(column, justify="left" if column in ("module", "kind", "flags") else "right", no_wrap=True)
-    for row in rows:
+    for row in shown:
         table.add_row(*_cells(row), style="bold" if row.flags else None)
     console = Console(width=max(Console().width, 120))  # the full table, also when piped
     console.print(table)

@@ -4,7 +4,9 @@ pretrained model (an HF folder, a GGUF file) on the data ``+data=<name>`` names.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -21,13 +23,29 @@ from tasks.cli.loading import data_module, for_inference
 from tasks.cli.pretrained import load_model_task
 from tasks.cli.schemas import conf_dir, register_data_schemas
 from tasks.errors import UserError
+from tasks.run_dirs import holds_a_run
 from zoo.io import atomic_write_text
 
 
 def main() -> dict[str, float]:
-    """zoo-eval: register the data schemas that ``+data=<name>`` composes (not on import), then run."""
+    """zoo-eval: register the data schemas that ``+data=<name>`` composes and the resolver that puts
+    its directory beside the checkpoint (not on import), then run."""
     register_data_schemas()
+    if not OmegaConf.has_resolver("eval_dir"):
+        OmegaConf.register_new_resolver("eval_dir", eval_dir)
     return run()
+
+
+def eval_dir(ckpt_path: Any, elsewhere: str) -> str:
+    """Where zoo-eval's directories go: ``<run>/evals`` for a checkpoint in a zoo-train run directory
+    (``<run>/checkpoints/<name>.ckpt``) that this user may write to, so the metrics lie beside what they
+    measure; ``elsewhere`` (outputs/eval/runs) for a pretrained model or a checkpoint of no run."""
+    if not isinstance(ckpt_path, str) or "://" in ckpt_path:
+        return elsewhere
+    run = Path(ckpt_path).parent.parent
+    if Path(ckpt_path).parent.name != "checkpoints" or not holds_a_run(run) or not os.access(run, os.W_OK):
+        return elsewhere
+    return str(run / "evals")
 
 
 @hydra_errors
@@ -47,6 +65,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     out = Path(HydraConfig.get().runtime.output_dir)
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     table = Table(title=f"zoo-eval ({cfg.split} split)", show_header=False)
+    table.add_column()
+    table.add_column(overflow="fold")  # a long checkpoint path is folded, never cut
     table.add_row("checkpoint", str(cfg.ckpt_path))
     for key in ("quantize", "kv_cache"):
         if cfg.get(key) is not None:

@@ -14,7 +14,6 @@ start or pad token is a candidate; the tasks decode with both off, which is what
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None
     files = tokenizer_files(task)
     if card is not None:
         files["README.md"] = card
-    decoding = task.generation_settings() if type(task.model).decoding is not None else None
+    decoding = task.decoding_settings() if type(task.model).decoding is not None else None
     found: dict[str, float] = {}
 
     def finish(folder: Path) -> None:
@@ -79,17 +78,12 @@ def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None
     return found.get("diff")
 
 
-def hf_generation(settings: dict[str, Any]) -> dict[str, Any]:
-    """transformers' GenerationConfig fields for ``ZooModel.generate`` keywords ``settings`` (its
-    defaults for those left out). Each field is written only where the mode reads it, as transformers
-    validates them: ``length_penalty`` with beams, temperature, top-k and top-p with sampling (zoo's
-    beam search never samples; its stop is transformers' ``early_stopping=False``); top_k None is 0
-    and top_p None is 1 there (off), as transformers' own defaults (50, 1.0) would filter otherwise."""
-    given = {
-        name: p.default
-        for name, p in inspect.signature(zoo.ZooModel.generate).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    } | settings
+def hf_generation(given: dict[str, Any]) -> dict[str, Any]:
+    """transformers' GenerationConfig fields for a task's decoding settings (``ZooTask.decoding_settings``).
+    Each field is written only where the mode reads it, as transformers validates them:
+    ``length_penalty`` with beams, temperature, top-k and top-p with sampling (zoo's beam search never
+    samples; its stop is transformers' ``early_stopping=False``); top_k None is 0 and top_p None is 1
+    there (off), as transformers' own defaults (50, 1.0) would filter otherwise."""
     beams = given["num_beams"]
     sample = bool(given["do_sample"]) and given["temperature"] > 0 and beams == 1
     out: dict[str, Any] = {"max_new_tokens": given["max_new_tokens"], "num_beams": beams, "do_sample": sample}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from typing import Any
 
 import hydra
 import torch
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
+from tasks.base import DECODING
 from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.console import literal, quote_free_text
 from tasks.cli.loading import for_inference
@@ -44,20 +46,16 @@ def prompt_of(task: ZooTask, cfg: DictConfig) -> str:
     return prompt
 
 
-SETTINGS = (
-    "max_new_tokens",
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "num_beams",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "top",
-    "seed",
-    "compile",
-)
-"""The settings of conf/generate.yaml that go to ``ZooTask.respond``; each task reads those it needs."""
+ANSWERING = ("top", "seed", "compile")
+"""conf/generate.yaml's settings besides the decoding ones (``DECODING``) that go to ``ZooTask.respond``;
+each task reads those it needs."""
+
+
+def settings_of(task: ZooTask, cfg: DictConfig) -> dict[str, Any]:
+    """What ``task`` answers with: each decoding setting the command line gives, the task's own
+    (``ZooTask.decoding_settings``) for those it leaves null, and the answering settings."""
+    given = {key: cfg[key] for key in DECODING if cfg.get(key) is not None}
+    return task.decoding_settings() | given | {key: cfg[key] for key in ANSWERING}
 
 
 @torch.no_grad()
@@ -71,7 +69,7 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
         )
     prompt = prompt_of(task, cfg)
     try:
-        return task.respond(prompt, **{key: cfg[key] for key in SETTINGS})
+        return task.respond(prompt, **settings_of(task, cfg))
     except PromptError as error:
         raise UserError(f"prompt=: {error}") from None
 
@@ -118,7 +116,7 @@ def converse(task: ZooTask, cfg: DictConfig) -> str:
     from the terminal turn by turn (each reply sees the ones before), until Ctrl-D, an empty line or /exit."""
     if not hasattr(task, "chat"):
         raise UserError(f"chat=true is for generators (a decoder); {cfg.ckpt_path} is a {type(task).__name__}")
-    settings = {key: cfg[key] for key in SETTINGS} | {"origin": str(cfg.ckpt_path)}
+    settings = settings_of(task, cfg) | {"origin": str(cfg.ckpt_path)}
     if not (OmegaConf.is_missing(cfg, "prompt") or literal(cfg, "prompt") is None):
         reply = task.chat([{"role": "user", "content": utf8_text("prompt", literal(cfg, "prompt"))}], **settings)
         print(reply)

@@ -36,7 +36,7 @@ from tasks.cli.plan import RunPlan, plan_run
 from tasks.cli.resuming import resumed_config
 from tasks.errors import RunFailed
 from tasks.loggers import CSVLogger
-from tasks.optim import check_same_optimizer
+from tasks.optim import check_same_optimizer, optimizer_name
 from tasks.run_dirs import claim_run_dir, release_runs
 
 
@@ -83,6 +83,7 @@ def train_run(cfg: DictConfig) -> float | None:
             params,
             (cfg.monitor.metric, float(score)) if score is not None else None,
             pace,
+            setup=setup_rows(task),
         )
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
@@ -263,14 +264,20 @@ def summarize(
     params: int,
     best_score: tuple[str, float] | None,
     pace: tuple[int, float] | None = None,
+    *,
+    setup: list[tuple[str, str]] = (),
 ) -> None:
     """The closing table, then the run directory and the best checkpoint as plain lines: whole at any
     width (a table cell would cut them), to paste into the next command. ``pace``: the optimizer steps
     this fit took and its seconds, validation and checkpoints included (the speed a user waits at)."""
     table = Table(title="zoo-train finished", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # a long value folds onto the next line, never cut
     if best_score:
         table.add_row("best " + best_score[0], f"{best_score[1]:.4f}")
     table.add_row("model", describe_model(model_cfg, params))
+    for row in setup:
+        table.add_row(*row)
     for name in sorted(metrics):
         if name.startswith(("val/", "test/")):
             table.add_row(name, f"{metrics[name]:.4f}")
@@ -282,6 +289,28 @@ def summarize(
         table.add_row("fit", f"{pace[0]:,} steps, {pace[1]:.1f} s, {pace[0] / pace[1]:.2f} it/s (validation included)")
     Console().print(table)
     print(f"run directory:   {output_dir}\nbest checkpoint: {best or '(none saved)'}", flush=True)
+
+
+def setup_rows(task: Any) -> list[tuple[str, str]]:
+    """The closing table's rows for what the model trained with: the optimizer and its rate, and the
+    adapter with its settings and what the checkpoints hold (``adapter.save`` resolved)."""
+
+    def words(value: Any) -> str:
+        return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+    optimizer = dict(task.hparams.get("optimizer") or {})
+    told = [f"{k} {optimizer[k]}" for k in TOLD if k in optimizer]
+    rows = [("optimizer", ", ".join([optimizer_name(optimizer), *told]))]
+    adapter = {k: v for k, v in dict(task.hparams.get("adapter") or {}).items() if v not in (None, [], {})}
+    if zoo.adapters.adapted_layers(task.model):
+        adapter["save"] = task.adapter_save
+        rows.append(("adapter", ", ".join(f"{k} {words(v)}" if k != "name" else v for k, v in adapter.items())))
+    else:
+        rows.append(("adapter", "none: every parameter trains"))
+    return rows
+
+
+TOLD = ("lr", "weight_decay")  # the optimizer settings the closing table names
 
 
 DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
