@@ -17,6 +17,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 from tasks.errors import UserError
 
@@ -164,3 +165,16 @@ def claim_fresh(folder: Path) -> Path:
         except FileExistsError:
             n += 1
             candidate = folder.with_name(f"{folder.name}_{n}")
+
+
+def evals_dir(ckpt_path: Any, elsewhere: str) -> str:
+    """Where zoo-eval's directories go (its ``hydra.run.dir``): ``<run>/evals`` for a checkpoint in a
+    zoo-train run directory (``<run>/checkpoints/<name>.ckpt``) that this user may write to, so the
+    metrics lie beside what they measure; ``elsewhere`` (outputs/eval/runs) for a pretrained model or
+    a checkpoint of no run."""
+    if not isinstance(ckpt_path, str) or "://" in ckpt_path:
+        return elsewhere
+    run = Path(ckpt_path).parent.parent
+    if Path(ckpt_path).parent.name != "checkpoints" or not holds_a_run(run) or not os.access(run, os.W_OK):
+        return elsewhere
+    return str(run / "evals")

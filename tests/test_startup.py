@@ -4,6 +4,8 @@ computes its table without torch's compiler: a typo costs a second, not five (is
 import dataclasses
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -31,10 +33,32 @@ def _imported_after(verb_call: str, argv: list[str]) -> subprocess.CompletedProc
 
 @pytest.mark.parametrize(("override", "fix"), TYPOS)
 def test_a_typo_is_refused_before_lightning_is_imported(override, fix, tmp_path):
-    done = _imported_after("from tasks.cli.train import main; main()", ["zoo-train", override])
+    done = _imported_after("from tasks.cli.verbs import train; train()", ["zoo-train", override])
     assert "exit 2" in done.stdout, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1] == "imported [] False"
     assert fix in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("verb", "typo", "fix"),
+    [
+        ("evaluate", "ckpt_pth=x", "did you mean ckpt_path=x"),
+        ("generate", "promt=x", "did you mean prompt=x"),
+        ("export", "ckpt_pth=x", "did you mean ckpt_path=x"),
+        ("attention", "promt=x", "did you mean prompt=x"),
+    ],
+)
+def test_every_verb_refuses_a_typo_before_lightning_is_imported(verb, typo, fix):
+    done = _imported_after(f"from tasks.cli.verbs import {verb}; {verb}()", [f"zoo-{verb}", typo])
+    assert "exit 2" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "imported [] False"
+    assert fix in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_console_scripts_are_the_light_entries():
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    verbs = {name: target for name, target in scripts.items() if name not in ("zoo-info", "zoo-sweep-report")}
+    assert verbs and all(target.startswith("tasks.cli.verbs:") for target in verbs.values())
 
 
 def test_zoo_info_builds_no_compiler():

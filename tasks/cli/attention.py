@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -46,10 +44,9 @@ from torch import Tensor
 import zoo
 from tasks.cli.attention_heads import flag_counts, head_rows, markdown, print_table, thresholds_line
 from tasks.cli.attention_plots import write_figures
-from tasks.cli.boundary import hydra_errors, user_errors
-from tasks.cli.console import literal, quote_free_text
+from tasks.cli.boundary import user_errors
+from tasks.cli.console import literal
 from tasks.cli.pretrained import load_model_task
-from tasks.cli.schemas import conf_dir
 from tasks.data.tokenizers import read_folder_tokenizer
 from tasks.errors import UserError, utf8_text
 from zoo.inspect import capture_attention
@@ -263,16 +260,16 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     return summary
 
 
-@hydra_errors
-@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="attention")
 def attention_maps(cfg: DictConfig) -> dict[str, object]:
+    """zoo-attention on the config Hydra composed (tasks.cli.verbs.attention), into its run directory."""
     return attention_report(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
-def main() -> None:
-    """Console entry point: ``text=`` and ``target=`` pass through unchanged, spaces and quotes included."""
-    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:], keys=("prompt", "text", "target"))]
-    attention_maps()
+def main() -> dict[str, object]:
+    """``python -m tasks.cli.attention``: the console verb (tasks.cli.verbs.attention)."""
+    from tasks.cli.verbs import attention
+
+    return attention()
 
 
 if __name__ == "__main__":

@@ -4,11 +4,8 @@ pretrained model (an HF folder, a GGUF file) on the data ``+data=<name>`` names.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import RichProgressBar
@@ -16,42 +13,25 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tasks.cli.boundary import hydra_errors, user_errors
+from tasks.cli.boundary import user_errors
 from tasks.cli.checks import check_values
 from tasks.cli.console import quiet_libraries
 from tasks.cli.loading import data_module, for_inference
 from tasks.cli.pretrained import load_model_task
-from tasks.cli.schemas import conf_dir, register_data_schemas
 from tasks.errors import UserError
-from tasks.run_dirs import holds_a_run
 from zoo.io import atomic_write_text
 
 
 def main() -> dict[str, float]:
-    """zoo-eval: register the data schemas that ``+data=<name>`` composes and the resolver that puts
-    its directory beside the checkpoint (not on import), then run."""
-    register_data_schemas()
-    if not OmegaConf.has_resolver("eval_dir"):
-        OmegaConf.register_new_resolver("eval_dir", eval_dir)
-    return run()
+    """``python -m tasks.cli.evaluate``: the console verb (tasks.cli.verbs.evaluate)."""
+    from tasks.cli.verbs import evaluate
+
+    return evaluate()
 
 
-def eval_dir(ckpt_path: Any, elsewhere: str) -> str:
-    """Where zoo-eval's directories go: ``<run>/evals`` for a checkpoint in a zoo-train run directory
-    (``<run>/checkpoints/<name>.ckpt``) that this user may write to, so the metrics lie beside what they
-    measure; ``elsewhere`` (outputs/eval/runs) for a pretrained model or a checkpoint of no run."""
-    if not isinstance(ckpt_path, str) or "://" in ckpt_path:
-        return elsewhere
-    run = Path(ckpt_path).parent.parent
-    if Path(ckpt_path).parent.name != "checkpoints" or not holds_a_run(run) or not os.access(run, os.W_OK):
-        return elsewhere
-    return str(run / "evals")
-
-
-@hydra_errors
-@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
 @user_errors
 def run(cfg: DictConfig) -> dict[str, float]:
+    """zoo-eval on the config Hydra composed (tasks.cli.verbs.evaluate)."""
     if cfg.split not in ("test", "val"):
         raise UserError(f"split={cfg.split!r} must be 'test' or 'val'")
     check_values(cfg)  # data.* overrides (+data.batch_size=0 …)

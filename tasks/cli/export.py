@@ -18,26 +18,30 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.cli.boundary import hydra_errors, user_errors
+from tasks.cli.boundary import user_errors
 from tasks.cli.card import model_card
 from tasks.cli.console import quiet_libraries
 from tasks.cli.destination import check_destination, check_out
 from tasks.cli.export_onnx import require_onnx
 from tasks.cli.formats import EXPORT_FORMATS, export_onnx, export_safetensors, files_of
 from tasks.cli.loading import task_and_checkpoint
-from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
 
 FORMATS = EXPORT_FORMATS  # iterates over the format names
 
 
-@hydra_errors
-@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="export")
+def main() -> float:
+    """``python -m tasks.cli.export``: the console verb (tasks.cli.verbs.export)."""
+    from tasks.cli.verbs import export
+
+    return export()
+
+
 @user_errors
-def main(cfg: DictConfig) -> float:
+def run(cfg: DictConfig) -> float:
+    """zoo-export on the config Hydra composed (tasks.cli.verbs.export)."""
     for key in ("ckpt_path", "out"):
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key}= is not set; zoo-export ckpt_path=<checkpoint> out=<folder> [format=onnx]")

@@ -14,18 +14,16 @@ import sys
 import warnings
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
 from tasks.base import DECODING
-from tasks.cli.boundary import hydra_errors, user_errors
-from tasks.cli.console import literal, quote_free_text
+from tasks.cli.boundary import user_errors
+from tasks.cli.console import literal
 from tasks.cli.loading import for_inference
 from tasks.cli.pretrained import load_model_task
-from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError, utf8_text
 from zoo.generation import GenerationLimitWarning, PromptError
 
@@ -74,10 +72,9 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
         raise UserError(f"prompt=: {error}") from None
 
 
-@hydra_errors
-@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="generate")
 @user_errors
 def main(cfg: DictConfig) -> str:
+    """zoo-generate on the config Hydra composed (tasks.cli.verbs.generate)."""
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise UserError(f"seed={cfg.seed!r} must be a whole number")
     if not isinstance(cfg.compile, bool):
@@ -151,9 +148,11 @@ def speed_line(speed: zoo.Measured, *, compiled: bool) -> str:
     return line
 
 
-def cli() -> None:
-    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:])]
-    main()
+def cli() -> str:
+    """``python -m tasks.cli.generate``: the console verb (tasks.cli.verbs.generate)."""
+    from tasks.cli.verbs import generate
+
+    return generate()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""Every console verb's entry point (``[project.scripts]`` in pyproject.toml). Hydra composes the
+verb's config here and refuses what it cannot compose (a typo in a group or a key, a value of the
+wrong type) in one line before the verb's own module is imported, and with it Lightning and the
+models: seconds a typo does not wait for. Each verb's work is in its module: ``training.py``,
+``evaluate.py``, ``generate.py``, ``export.py``, ``attention.py``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from tasks.cli.boundary import hydra_errors
+from tasks.cli.console import quote_free_text
+from tasks.cli.schemas import conf_dir, register_configs, register_data_schemas
+from tasks.run_dirs import evals_dir
+
+
+def train() -> float | None:
+    """zoo-train: register what its config needs (not on import), then let Hydra compose and run."""
+    register_configs()
+    return _train()
+
+
+@hydra_errors
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
+def _train(cfg: DictConfig) -> float | None:
+    from tasks.cli.training import run_composed
+
+    return run_composed(cfg)
+
+
+def evaluate() -> dict[str, float]:
+    """zoo-eval: the data schemas that ``+data=<name>`` composes and the resolver that puts its
+    directory beside the checkpoint (``evals_dir``), then Hydra."""
+    register_data_schemas()
+    if not OmegaConf.has_resolver("eval_dir"):
+        OmegaConf.register_new_resolver("eval_dir", evals_dir)
+    return _evaluate()
+
+
+@hydra_errors
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
+def _evaluate(cfg: DictConfig) -> dict[str, float]:
+    from tasks.cli.evaluate import run
+
+    return run(cfg)
+
+
+def generate() -> str:
+    """zoo-generate: ``prompt=`` passes through the shell and Hydra's grammar unchanged."""
+    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:])]
+    return _generate()
+
+
+@hydra_errors
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="generate")
+def _generate(cfg: DictConfig) -> str:
+    from tasks.cli.generate import main
+
+    return main(cfg)
+
+
+@hydra_errors
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="export")
+def export(cfg: DictConfig) -> float:
+    """zoo-export."""
+    from tasks.cli.export import run
+
+    return run(cfg)
+
+
+def attention() -> dict[str, Any]:
+    """zoo-attention: ``prompt=``, ``text=`` and ``target=`` pass through unchanged."""
+    sys.argv = [sys.argv[0], *quote_free_text(sys.argv[1:], keys=("prompt", "text", "target"))]
+    return _attention()
+
+
+@hydra_errors
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="attention")
+def _attention(cfg: DictConfig) -> dict[str, Any]:
+    from tasks.cli.attention import attention_maps
+
+    return attention_maps(cfg)
