@@ -23,6 +23,7 @@ from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
 from tasks.optim import build_optimizer, clip_under_mixed_precision
+from zoo.generation import GenerationMixin
 
 STAGES = ("train", "val", "test")
 
@@ -213,7 +214,7 @@ class ZooTask(L.LightningModule):
         """Every decoding setting of ``ZooModel.generate`` (:data:`DECODING`) this task decodes with: its
         own, and generate's defaults for the rest. zoo-generate decodes with them where its command line
         says nothing else, and ``zoo-export format=hf`` writes them into generation_config.json."""
-        defaults = inspect.signature(zoo.ZooModel.generate).parameters
+        defaults = inspect.signature(GenerationMixin.generate).parameters  # where generate declares them
         return {name: defaults[name].default for name in DECODING} | self.generation_settings()
 
     def respond(self, prompt: str, **settings: Any) -> str:
