@@ -16,7 +16,7 @@ from test_tasks import STEPS, TINY
 
 import zoo
 from tasks import ClassifierTask, TranslatorTask, ZooTask
-from tasks.cli.card import AUTO_CLASSES, describe_model, model_card, monitored
+from tasks.cli.card import describe_model, model_card, monitored
 from tasks.cli.loading import load_task, read_checkpoint
 
 COMMAND = "zoo-export ckpt_path='runs/a b/last.ckpt' out=exports/gpt format=safetensors"
@@ -102,6 +102,30 @@ def test_front_matter_is_yaml_for_the_hub(trained):
     assert yaml.safe_load(card.split("---\n")[1])["pipeline_tag"] == "text-generation"
 
 
+WRITTEN = {  # the 14 transformers classes format=hf writes, and the Auto class of each (transformers' docs)
+    **dict.fromkeys(
+        ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
+        "AutoModelForCausalLM",
+    ),
+    **dict.fromkeys(("Gemma2ForCausalLM", "MixtralForCausalLM", "Olmo2ForCausalLM"), "AutoModelForCausalLM"),
+    "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "BertForMaskedLM": "AutoModelForMaskedLM",
+    "BertForSequenceClassification": "AutoModelForSequenceClassification",
+    "BertModel": "AutoModel",
+    "ModernBertForMaskedLM": "AutoModelForMaskedLM",
+    "ModernBertModel": "AutoModel",
+}
+
+
+def test_every_class_zoo_writes_has_its_auto_class_and_pipeline_tag():
+    families = [zoo.hf.FAMILIES.get(name) for name in zoo.hf.FAMILIES.names()]
+    assert {name: auto for f in families for name, auto in f.auto_classes.items()} == WRITTEN
+    assert all(zoo.hf.auto_class(name) == auto and zoo.hf.pipeline_tag(name) for name, auto in WRITTEN.items())
+    assert zoo.hf.pipeline_tag("Gemma2ForCausalLM") == "text-generation"
+    assert zoo.hf.pipeline_tag("ModernBertForMaskedLM") == "fill-mask"
+    assert zoo.hf.auto_class("GPTNeoXForCausalLM") is None
+
+
 def test_how_to_load_fits_the_format(trained):
     task, checkpoint = trained
     safetensors = code_block(card_of(task, checkpoint, "safetensors"))
@@ -109,7 +133,7 @@ def test_how_to_load_fits_the_format(trained):
     onnx = code_block(card_of(task, checkpoint, "onnx"))
     assert "onnxruntime.InferenceSession" in onnx and "zoo." not in onnx
     assert re.findall(r'"(\w+)": ', onnx) == list(type(task.model).input_names)
-    for hf_class, auto in AUTO_CLASSES.items():
+    for hf_class, auto in WRITTEN.items():
         hf = code_block(card_of(task, checkpoint, "hf", hf_class=hf_class))
         assert f"from transformers import {auto}, AutoTokenizer" in hf
         assert f"model = {auto}.from_pretrained(folder)" in hf and "AutoTokenizer.from_pretrained(folder)" in hf

@@ -13,7 +13,6 @@ import yaml
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.export_hf import AUTO_CLASSES
 from tasks.cli.formats import EXPORT_FORMATS, ExportFormat
 from tasks.optim import OPTIMIZERS, optimizer_name
 
@@ -198,4 +197,4 @@ def fenced(text: str, lang: str) -> str:
     return f"{fence}{lang}\n{text}\n{fence}"
 
 
-__all__ = ["AUTO_CLASSES", "describe_model", "model_card", "monitored"]  # AUTO_CLASSES: export_hf's
+__all__ = ["describe_model", "model_card", "monitored"]

@@ -29,23 +29,6 @@ from zoo.io import atomic_write_text
 
 TOLERANCE = 1e-4
 SAMPLING = ("do_sample", "temperature", "top_k", "top_p")  # generation_config.json keys of sampling alone
-AUTO_CLASSES = {  # the transformers class format=hf writes -> the Auto class that loads it
-    "GPT2LMHeadModel": "AutoModelForCausalLM",
-    "LlamaForCausalLM": "AutoModelForCausalLM",
-    "Qwen2ForCausalLM": "AutoModelForCausalLM",
-    "MistralForCausalLM": "AutoModelForCausalLM",
-    "T5ForConditionalGeneration": "AutoModelForSeq2SeqLM",
-    "BertForMaskedLM": "AutoModelForMaskedLM",
-    "BertForSequenceClassification": "AutoModelForSequenceClassification",
-    "BertModel": "AutoModel",
-}
-PIPELINES = {  # the Hub's pipeline_tag for each Auto class
-    "AutoModelForCausalLM": "text-generation",
-    "AutoModelForSeq2SeqLM": "text2text-generation",
-    "AutoModelForMaskedLM": "fill-mask",
-    "AutoModelForSequenceClassification": "text-classification",
-    "AutoModel": "feature-extraction",
-}
 
 
 def export_hf(task: ZooTask, out: Path, card: str | None = None) -> float | None:

@@ -25,7 +25,7 @@ import zoo
 from tasks import ZooTask
 from tasks.cli.destination import RECORD, check_destination, check_new, export_record
 from tasks.cli.export_gguf import export_gguf, gguf_problem, require_gguf
-from tasks.cli.export_hf import AUTO_CLASSES, PIPELINES, export_hf
+from tasks.cli.export_hf import export_hf
 from tasks.cli.export_onnx import ExportGraph, onnx_difference, onnx_program, require_onnx
 from zoo.io import atomic_write_text
 from zoo.registry import Registry
@@ -256,10 +256,10 @@ class HF(ExportFormat):
         return diff, f"exported {out} for transformers; its reload vs zoo: max abs diff {diff:.3g}, same greedy tokens"
 
     def pipeline(self, hf_class: str | None) -> str | None:
-        return PIPELINES.get(AUTO_CLASSES.get(hf_class or "", ""))
+        return zoo.hf.pipeline_tag(hf_class or "")
 
     def load_code(self, task: ZooTask, hf_class: str | None) -> list[str]:
-        auto = AUTO_CLASSES.get(hf_class or "", hf_class)
+        auto = zoo.hf.auto_class(hf_class or "") or hf_class
         note = f"  # {hf_class}" if auto != hf_class else ""
         return [
             f"from transformers import {auto}, AutoTokenizer",

@@ -32,7 +32,7 @@ from zoo.hf import modernbert as _modernbert  # noqa: F401  (registers modernber
 from zoo.hf import olmo2 as _olmo2  # noqa: F401  (registers olmo2)
 from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
 from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, tensor_headers, weight_files, write_json
-from zoo.hf.mapping import FAMILIES, Exporter, Family, HFClass, Importer
+from zoo.hf.mapping import FAMILIES, PIPELINE_TAGS, Exporter, Family, HFClass, Importer
 from zoo.io import CheckpointError, atomic_folder, atomic_write_with
 from zoo.models import ZooModel
 from zoo.pretrained import DEPTHS, meta_model
@@ -41,11 +41,13 @@ from zoo.registry import ConfigError
 __all__ = [
     "FAMILIES",
     "Family",
+    "auto_class",
     "family_class",
     "from_hf",
     "from_hf_config",
     "hf_exportable",
     "is_hf_folder",
+    "pipeline_tag",
     "resolve",
     "stored_dtypes",
     "to_hf",
@@ -204,6 +206,18 @@ def hf_exportable(cfg: ModelConfig) -> str:
 def family_class(cfg: ModelConfig, *, classifier: bool = False) -> str:
     """The transformers class :func:`to_hf` writes for ``cfg`` (with a sequence-classification head)."""
     return _hf_class(cfg, classifier)[2].name
+
+
+def auto_class(hf_class: str) -> str | None:
+    """The Auto class of transformers that loads a folder of ``hf_class`` (a class zoo writes: its
+    family's record says; None for another)."""
+    families = (FAMILIES.get(name) for name in FAMILIES.names())
+    return next((f.auto_classes[hf_class] for f in families if hf_class in f.auto_classes), None)
+
+
+def pipeline_tag(hf_class: str) -> str | None:
+    """The Hub's ``pipeline_tag`` of a folder of ``hf_class`` (None for a class zoo does not write)."""
+    return PIPELINE_TAGS.get(auto_class(hf_class) or "")
 
 
 def _hf_class(cfg: ModelConfig, classifier: bool) -> tuple[str, Family, HFClass]:

@@ -155,5 +155,10 @@ FAMILIES.register("bert")(
         unfit=_bert_unfit,
         ignored=BUFFERS,
         architecture=_bert_class,
+        auto_classes={
+            "BertForSequenceClassification": "AutoModelForSequenceClassification",
+            "BertForMaskedLM": "AutoModelForMaskedLM",
+            "BertModel": "AutoModel",
+        },
     )
 )

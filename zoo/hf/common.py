@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zoo.config import ModelConfig
-from zoo.hf.mapping import Family, HFClass, Mapper
+from zoo.hf.mapping import CAUSAL_LM, Family, HFClass, Mapper
 from zoo.registry import MASK
 
 BUFFERS = ("attn.bias", "attn.masked_bias", "position_ids", "rotary_emb.inv_freq")  # saved by old versions
@@ -108,6 +108,7 @@ def decoder_family(
         unfit=unfit,
         ignored=BUFFERS,
         architecture=lm_class(architecture),
+        auto_classes={architecture: CAUSAL_LM},
     )
 
 

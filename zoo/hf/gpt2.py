@@ -7,7 +7,7 @@ from typing import Any
 
 from zoo.config import ModelConfig
 from zoo.hf.common import BUFFERS, attn_dropout, differs, gelu_name, ids, lm_class, mha, plain
-from zoo.hf.mapping import FAMILIES, Family, Mapper, activation, first, token_id
+from zoo.hf.mapping import CAUSAL_LM, FAMILIES, Family, Mapper, activation, first, token_id
 
 
 def _gpt2_config(c: Any) -> ModelConfig:
@@ -128,5 +128,6 @@ FAMILIES.register("gpt2")(
         unfit=_gpt2_unfit,
         ignored=BUFFERS,
         architecture=lm_class("GPT2LMHeadModel"),
+        auto_classes={"GPT2LMHeadModel": CAUSAL_LM},
     )
 )

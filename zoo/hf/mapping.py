@@ -49,6 +49,19 @@ class Family:
     architecture: Callable[[ModelConfig, bool], HFClass | None] | None = None
     """The transformers class ``to_hf`` writes for a config, with or without a sequence-classification
     head (None: the family has no such class)."""
+    auto_classes: Mapping[str, str] = field(default_factory=dict)
+    """Each transformers class ``architecture`` may write -> the Auto class that loads it (a model
+    card's loading code and, through :data:`PIPELINE_TAGS`, its ``pipeline_tag``)."""
+
+
+CAUSAL_LM = "AutoModelForCausalLM"
+PIPELINE_TAGS = {  # the Hub's pipeline_tag of a folder each Auto class loads
+    CAUSAL_LM: "text-generation",
+    "AutoModelForSeq2SeqLM": "text2text-generation",
+    "AutoModelForMaskedLM": "fill-mask",
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModel": "feature-extraction",
+}
 
 
 @dataclass(frozen=True)

@@ -253,5 +253,6 @@ FAMILIES.register("modernbert")(
         unfit=_modernbert_unfit,
         ignored=BUFFERS,
         architecture=_modernbert_class,
+        auto_classes={"ModernBertForMaskedLM": "AutoModelForMaskedLM", "ModernBertModel": "AutoModel"},
     )
 )

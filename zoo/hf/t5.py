@@ -182,5 +182,6 @@ FAMILIES.register("t5")(
         unfit=_t5_unfit,
         ignored=BUFFERS,
         architecture=_t5_class,
+        auto_classes={"T5ForConditionalGeneration": "AutoModelForSeq2SeqLM"},
     )
 )
