@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from tasks.data.columns import ColumnDataset
 from tasks.data.loading import ListDataset
 from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments, encode_fast
 from tasks.data.settings import LMData, MLMData
@@ -154,11 +155,13 @@ class ClassificationDataModule(TextDataModule):
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+        """(ids, label) examples, the ids held compactly (tasks/data/columns.py)."""
         if split == "train":
             self.label_names = sorted({str(r["label"]) for r in records})
         index = {name: i for i, name in enumerate(self.label_names)}
-        items = [(self.encode(r["text"]), index[str(r["label"])]) for r in records if str(r["label"]) in index]
-        return ListDataset(items, [len(ids) for ids, _ in items])
+        kept = [r for r in records if str(r["label"]) in index]
+        ids = self.encoded(r["text"] for r in kept)
+        return ColumnDataset((ids, [index[str(r["label"])] for r in kept]), ids.lengths)
 
     def collate(self, batch: list[tuple[list[int], int]]) -> dict[str, Tensor]:
         seqs = [ids for ids, _ in batch]
@@ -254,15 +257,11 @@ class TranslationDataModule(TextDataModule):
         return [record["source"], record["target"]]
 
     def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
-        items = [
-            (
-                self.encode_with_eos(r["source"], self.seq_len),
-                self.encode_with_eos(r["target"], self.seq_len),
-                r["target"],
-            )
-            for r in records
-        ]
-        return ListDataset(items, [len(s) + len(t) for s, t, _ in items])
+        """(source ids, target ids, target text) examples, the ids held compactly (tasks/data/columns.py)."""
+        sources = self.encoded((r["source"] for r in records), ended=True)
+        targets = self.encoded((r["target"] for r in records), ended=True)
+        lengths = [s + t for s, t in zip(sources.lengths, targets.lengths, strict=True)]
+        return ColumnDataset((sources, targets, [r["target"] for r in records]), lengths)
 
     def collate(self, batch: list[tuple[list[int], list[int], str]]) -> dict[str, Any]:
         sources, targets = [s for s, _, _ in batch], [t for _, t, _ in batch]

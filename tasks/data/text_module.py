@@ -12,9 +12,10 @@ seeded by (seed, epoch, rank, batch position), never from the global RNG.
 
 from __future__ import annotations
 
+import itertools
 import random
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from tasks.data.columns import Ragged, id_width
 from tasks.data.loading import (
     BucketBatchSampler,
     EpochBatchSampler,
@@ -31,11 +33,21 @@ from tasks.data.loading import (
     ShuffledBatchSampler,
     world_rank,
 )
-from tasks.data.prepared import Corpus, SplitTokens, cache_root, cached_tokenizer, prepared_tokens, split_records
+from tasks.data.prepared import (
+    Corpus,
+    SplitTokens,
+    cache_root,
+    cached_tokenizer,
+    encode_fast,
+    prepared_tokens,
+    split_records,
+)
 from tasks.data.settings import PreparedData, TextData
 from tasks.data.sources import STREAMED, check_texts, load_records, source_identity, split_of, stream_records
 from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, train_tokenizer
 from tasks.errors import DataError
+
+ENCODE_BATCH = 1024  # texts encoded in one call of the tokenizer's thread pool (``encoded``)
 
 
 class TextDataModule(L.LightningDataModule):
@@ -234,6 +246,19 @@ class TextDataModule(L.LightningDataModule):
     def encode(self, text: str) -> list[int]:
         assert self.tokenizer is not None
         return self.tokenizer.encode(text).ids
+
+    def encoded(self, texts: Iterable[str], *, ended: bool = False) -> Ragged:
+        """The ids of ``texts`` (``encode``; ``ended``: ``encode_with_eos`` cut to seq_len), encoded in
+        the tokenizer's thread pool a batch at a time and held compactly (tasks/data/columns.py)."""
+        assert self.tokenizer is not None
+
+        def batches() -> Iterator[list[list[int]]]:
+            given = iter(texts)
+            while chunk := list(itertools.islice(given, ENCODE_BATCH)):
+                encodings = encode_fast(self.tokenizer, chunk)
+                yield [self.ended(e.ids, self.seq_len) if ended else e.ids for e in encodings]
+
+        return Ragged(batches(), id_width(self.tokenizer.get_vocab_size()))
 
     def encode_with_eos(self, text: str, max_len: int | None = None) -> list[int]:
         """``text``'s ids ending in one eos, at most ``max_len`` of them. The eos is appended unless
