@@ -76,3 +76,14 @@ def test_each_data_module_takes_its_declared_settings():
     module = DATA_MODULES.get("MLMDataModule")(source="tiny_shakespeare", mask_prob=0.3, seq_len=16)
     defaults = {f.name: f.default for f in dataclasses.fields(SETTINGS["MLMDataModule"])}
     assert (module.mask_prob, module.seq_len, module.batch_size) == (0.3, 16, defaults["batch_size"])
+
+
+def test_import_zoo_leaves_the_converters_until_they_are_used():
+    code = (
+        "import sys, zoo\n"
+        "zoo.build_model(zoo.get_config('gpt-tiny'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('zoo.hf', 'zoo.gguf'))))\n"
+        "print(zoo.from_hf.__module__, zoo.read_gguf.__module__, zoo.hf.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["[]", "zoo.hf zoo.gguf.loader zoo.hf"], done.stderr

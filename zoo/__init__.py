@@ -5,13 +5,14 @@ model = zoo.create_model("gpt2", n_layers=4, position="alibi")
 logits = model(input_ids)  # (B, T, V)
 """
 
+from typing import TYPE_CHECKING
+
 from zoo import adapters, attention, ffn, mask, moe, norm, position  # noqa: F401  (fill the registries)
 from zoo.config import ModelConfig
-from zoo.gguf import GGUFContents, from_gguf, gguf_exportable, read_gguf, to_gguf
-from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf
 from zoo.inspect import HeadStats, attention_rollout, capture_attention, head_stats, row_entropy
 from zoo.io import CheckpointError, atomic_save, atomic_write, load_weights_file
 from zoo.kv_cache import Cache, KVCache
+from zoo.lazy import names_from
 from zoo.losses import chunked_cross_entropy
 from zoo.measuring import Measured, measured
 from zoo.models import (
@@ -29,7 +30,17 @@ from zoo.quantize import quantize
 from zoo.registry import ConfigError, Registry, list_components, register
 from zoo.stats import ModelStats, stats
 
+if TYPE_CHECKING:
+    from zoo.gguf import GGUFContents, from_gguf, gguf_exportable, read_gguf, to_gguf
+    from zoo.hf import from_hf, from_hf_config, hf_exportable, to_hf
+
 __version__ = "0.1.0"
+CONVERTERS = {
+    **dict.fromkeys(("gguf", "GGUFContents", "from_gguf", "gguf_exportable", "read_gguf", "to_gguf"), "zoo.gguf"),
+    **dict.fromkeys(("hf", "from_hf", "from_hf_config", "hf_exportable", "to_hf"), "zoo.hf"),
+}
+"""The HF and GGUF converters' names: imported on first use, not with zoo (``import zoo`` builds models)."""
+__getattr__ = names_from(__name__, CONVERTERS)
 
 __all__ = [
     "Cache",

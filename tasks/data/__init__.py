@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tasks.lazy import names_from
+from zoo.lazy import names_from
 
 if TYPE_CHECKING:
     import zoo
