@@ -22,13 +22,13 @@ import zoo
 from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
-from tasks.optim import build_optimizer, clip_under_mixed_precision
+from tasks.optim import SCHEDULE_KEYS, build_optimizer
+from tasks.precision import clip_under_mixed_precision
 from zoo.generation import GenerationMixin
 
 STAGES = ("train", "val", "test")
 
 
-SCHEDULE_KEYS = ("warmup_steps", "min_lr_ratio")  # the scheduler's, in the optimizer settings of older checkpoints
 SAVE_MODES = ("full", "only")  # adapter.save: whole checkpoints, or the trained tensors and a reference to the base
 
 

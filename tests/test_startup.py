@@ -16,10 +16,12 @@ TYPOS = [
     ("model/position=ropee", "did you mean model/position=rope"),
     ("model.n_layer=3", "did you mean model.n_layers=3"),
     ("data.seq_lenn=3", "did you mean data.seq_len=3"),
+    ("optimizer.lr=-1", "optimizer.lr=-1 must be > 0"),  # values out of range (tasks.cli.values) too
+    ("data.batch_size=0", "data.batch_size=0 must be > 0"),
 ]
 
 
-def _imported_after(verb_call: str, argv: list[str]) -> subprocess.CompletedProcess:
+def _imported_after(verb_call: str, argv: list[str], cwd=None) -> subprocess.CompletedProcess:
     """Run ``verb_call`` in a fresh interpreter with ``argv``; it prints the modules it imported
     that matter here, after the verb ended."""
     code = (
@@ -28,13 +30,14 @@ def _imported_after(verb_call: str, argv: list[str]) -> subprocess.CompletedProc
         "print('imported', sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torchmetrics'}),"
         " 'torch._dynamo' in sys.modules)\n"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 @pytest.mark.parametrize(("override", "fix"), TYPOS)
 def test_a_typo_is_refused_before_lightning_is_imported(override, fix, tmp_path):
-    done = _imported_after("from tasks.cli.verbs import train; train()", ["zoo-train", override])
+    done = _imported_after("from tasks.cli.verbs import train; train()", ["zoo-train", override], tmp_path)
     assert "exit 2" in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob(".hydra"))
     assert done.stdout.splitlines()[-1] == "imported [] False"
     assert fix in done.stderr and len(done.stderr.strip().splitlines()) == 1
 

@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tasks.cli.boundary import user_errors
-from tasks.cli.checks import check_values
 from tasks.cli.console import quiet_libraries
 from tasks.cli.loading import data_module, for_inference
 from tasks.cli.pretrained import load_model_task
+from tasks.cli.values import check_values
 from tasks.errors import UserError
 from zoo.io import atomic_write_text
 

@@ -1,20 +1,24 @@
 """Every console verb's entry point (``[project.scripts]`` in pyproject.toml). Hydra composes the
 verb's config here and refuses what it cannot compose (a typo in a group or a key, a value of the
-wrong type) in one line before the verb's own module is imported, and with it Lightning and the
-models: seconds a typo does not wait for. Each verb's work is in its module: ``training.py``,
-``evaluate.py``, ``generate.py``, ``export.py``, ``attention.py``."""
+wrong type; for zoo-train also a value out of range, ``tasks.cli.values``) in one line before the
+verb's own module is imported, and with it Lightning and the models: seconds a typo does not wait
+for. Each verb's work is in its module: ``training.py``, ``evaluate.py``, ``generate.py``,
+``export.py``, ``attention.py``."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.cli.boundary import hydra_errors
+from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV
+from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.console import quote_free_text
 from tasks.cli.schemas import conf_dir, register_configs, register_data_schemas
+from tasks.cli.values import check_values
 from tasks.run_dirs import evals_dir
 
 
@@ -27,6 +31,8 @@ def train() -> float | None:
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def _train(cfg: DictConfig) -> float | None:
+    # the values a run would trip on later (tasks.cli.values): refused before Lightning is imported too
+    (check_values if os.environ.get(RAISE_ERRORS_ENV) else user_errors(check_values))(cfg)
     from tasks.cli.training import run_composed
 
     return run_composed(cfg)
