@@ -31,9 +31,13 @@ def train() -> float | None:
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def _train(cfg: DictConfig) -> float | None:
-    # the values a run would trip on later (tasks.cli.values): refused before Lightning is imported too
-    (check_values if os.environ.get(RAISE_ERRORS_ENV) else user_errors(check_values))(cfg)
-    from tasks.cli.training import run_composed
+    # a sweeper's job raises what ends it (the sweeper records the trial's failure); else one line
+    return (_train_job if os.environ.get(RAISE_ERRORS_ENV) else user_errors(_train_job))(cfg)
+
+
+def _train_job(cfg: DictConfig) -> float | None:
+    check_values(cfg)  # the values a run would trip on later (tasks.cli.values): before Lightning too
+    from tasks.cli.training import run_composed  # a Ctrl-C while it loads is "zoo: interrupted" too
 
     return run_composed(cfg)
 
@@ -49,6 +53,7 @@ def evaluate() -> dict[str, float]:
 
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")
+@user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def _evaluate(cfg: DictConfig) -> dict[str, float]:
     from tasks.cli.evaluate import run
 
@@ -63,6 +68,7 @@ def generate() -> str:
 
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="generate")
+@user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def _generate(cfg: DictConfig) -> str:
     from tasks.cli.generate import main
 
@@ -71,6 +77,7 @@ def _generate(cfg: DictConfig) -> str:
 
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="export")
+@user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def export(cfg: DictConfig) -> float:
     """zoo-export."""
     from tasks.cli.export import run
@@ -86,6 +93,7 @@ def attention() -> dict[str, Any]:
 
 @hydra_errors
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="attention")
+@user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def _attention(cfg: DictConfig) -> dict[str, Any]:
     from tasks.cli.attention import attention_maps
 
