@@ -119,16 +119,6 @@ class Mask:
         library without document masks (transformers) matches this one."""
         return cfg.resolved_mask
 
-    @staticmethod
-    def windowed_layers(cfg: ModelConfig, n_layers: int | None = None) -> list[bool]:
-        """Per layer of a stack of ``n_layers`` (``cfg.n_layers``), whether it attends through the window:
-        with ``window`` set, the L layers of ``window_pattern`` repeated over the stack (every layer
-        without a pattern); without a window, none. The G layers attend as the mask without its window
-        (``widened``). The one reading of ``window_pattern``: the stack, the HF families and GGUF ask it."""
-        pattern = cfg.window_pattern or "L"
-        depth = cfg.n_layers if n_layers is None else n_layers
-        return [cfg.window is not None and pattern[i % len(pattern)] == "L" for i in range(depth)]
-
     def widened(self) -> Mask | None:
         """This mask without its window, for the global layers of a ``window_pattern`` (None: it has no
         window to drop)."""
