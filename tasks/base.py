@@ -42,13 +42,17 @@ DECODING = (
 def loaded_line(loaded: Any, skipped: list[str], fresh: list[str], adapter: list[str]) -> str:
     """What ``init_from`` did, for the console: tensors loaded, skipped (with a few names) and new; the
     adapter's matrices are told apart from tensors that had no weights to load."""
+
+    def few(names: list[str]) -> str:
+        return ", ".join(names[:4]) + ("…" if len(names) > 4 else "")
+
     parts = [f"{len(loaded)} tensors loaded"]
     if skipped:
-        parts.append(f"{len(skipped)} skipped ({', '.join(skipped[:4])}{'…' if len(skipped) > 4 else ''})")
+        parts.append(f"{len(skipped)} skipped ({few(skipped)})")
     if adapter:
         parts.append(f"{len(adapter)} adapter matrices added (LoRA's B starts at zero: the model starts as loaded)")
     if fresh:
-        parts.append(f"{len(fresh)} freshly initialised ({', '.join(fresh[:4])}{'…' if len(fresh) > 4 else ''})")
+        parts.append(f"{len(fresh)} freshly initialised ({few(fresh)})")
     return ", ".join(parts)
 
 
