@@ -9,6 +9,7 @@ import errno
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
@@ -21,42 +22,55 @@ READERS = {".txt": "text", ".csv": "csv", ".jsonl": "json", ".json": "json", ".p
 """Data file suffix -> how it is read: .txt by zoo (line by line), the others by HF ``datasets``."""
 DATA_TYPES = ", ".join(READERS)
 MAX_RECORD_CHARS = 1 << 20
-"""A longer line of a .txt file becomes several records of at most this many characters."""
+"""A longer line (paragraph, file) of a .txt file becomes several records of at most this many characters."""
+SAMPLES_BY = ("line", "paragraph", "document")
+PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line break, then blank (or whitespace-only) lines
+"""How a .txt file becomes records (``data.source_args.sample_by``), as HF datasets' text reader: each
+line; each paragraph (lines up to a blank one, joined by \\n); each file, its pieces kept in one split."""
 CHUNK_BYTES = 1 << 20  # .txt files are read this much at a time
 HEAD_BYTES = 1 << 13  # how much of a csv/json/parquet file is checked before HF datasets reads it
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # writing HF datasets' cache failed
 
 
-def local_records(path: str | Path, **fields: str) -> list[dict[str, Any]]:
-    """Records from a local file or folder of one type: .txt (one record per line), .csv, .json/.jsonl
-    or .parquet (one per row, through HF ``datasets``). Hidden files and folders (.DS_Store, .git/)
-    are skipped; any other file must be data. Bad data raises a DataError naming the file.
+def local_records(path: str | Path, sample_by: str = "line", **fields: str) -> list[dict[str, Any]]:
+    """Records from a local file or folder of one type: .txt (a record per line, paragraph or whole
+    file: ``sample_by``), .csv, .json/.jsonl or .parquet (one per row, through HF ``datasets``).
+    Hidden files and folders (.DS_Store, .git/) are skipped; any other file must be data. Bad data
+    raises a DataError naming the file.
 
     ``fields`` renames columns, e.g. ``text="sentence", label="category"``; txt files give ``text``.
     """
-    records = list(iter_local_records(path, **fields))
+    records = list(iter_local_records(path, sample_by, **fields))
     if not records:
         raise DataError(f"data.source_args.path={path}: no records in it; point it at your data")
     return records
 
 
-def iter_local_records(path: str | Path, **fields: str) -> Iterator[dict[str, Any]]:
-    """The records of :func:`local_records` one at a time, in bounded memory: .txt files line by line,
-    the others row by row from HF ``datasets``' memory-mapped Arrow cache. The files are checked
+def iter_local_records(path: str | Path, sample_by: str = "line", **fields: str) -> Iterator[dict[str, Any]]:
+    """The records of :func:`local_records` one at a time, in bounded memory: .txt files as they are
+    read, the others row by row from HF ``datasets``' memory-mapped Arrow cache. The files are checked
     before the first record; the data as it is read."""
     shown = f"data.source_args.path={path}"
     files = _data_files(Path(path).expanduser(), shown)
     reader = READERS[files[0].suffix.lower()]
+    if sample_by not in SAMPLES_BY:
+        raise DataError(
+            f"data.source_args.sample_by={sample_by}: not a way to read .txt files; choose one of "
+            f"{', '.join(SAMPLES_BY)}"
+        )
+    if sample_by != "line" and reader != "text":
+        raise DataError(
+            f"data.source_args.sample_by={sample_by}: only .txt files are read by {sample_by}, and "
+            f"{path} holds {reader} files (a record per row); remove data.source_args.sample_by"
+        )
     for file in files if reader != "text" else ():  # zoo checks .txt files as it reads them
         _check_head(file, reader)
     origin = str(files[0]) if len(files) == 1 else f"the {len(files)} {reader} files of {path}"
     if reader == "text":
-        rows: Iterable[dict[str, Any]] = ({"text": line} for file in files for line in _lines(file))
-        columns: Sequence[str] = ["text"]
-    else:
-        dataset = _read_with_datasets(reader, files)
-        rows, columns = dataset, dataset.column_names
-    return _iter_records(rows, columns, fields, origin)
+        records = _text_records(files, Path(path).expanduser(), sample_by)
+        return _iter_records(records, ["text"], fields, origin, keyed=True)
+    dataset = _read_with_datasets(reader, files)
+    return _iter_records(dataset, dataset.column_names, fields, origin)
 
 
 def local_size(path: str | Path) -> int:
@@ -211,6 +225,61 @@ def _cut(text: str) -> tuple[list[str], str]:
     return pieces, text[start:]
 
 
+def _text_records(files: list[Path], root: Path, sample_by: str) -> Iterator[dict[str, Any]]:
+    """The records of .txt ``files``: {text, key}, keyed by the text and its place as any row is
+    (``_row_text``); by document {text, key, group}, keyed by the file (under ``root``) and piece, a
+    group a file, so that a file lies in one split."""
+    if sample_by == "document":
+        for file in files:
+            name = str(file.relative_to(root)) if file != root else file.name
+            for piece, text in enumerate(_texts(file, None)):
+                yield {"text": text, "key": f"{name}#{piece}", "group": name}
+        return
+    texts = (t for f in files for t in (_lines(f) if sample_by == "line" else _texts(f, PARAGRAPH_BREAK)))
+    for i, text in enumerate(texts):
+        yield {"text": text, "key": _row_text({"text": text[:200]})[:200] + f"#{i}"}
+
+
+def _texts(file: Path, between: re.Pattern[str] | None) -> Iterator[str]:
+    """The text of ``file`` (line breaks made \\n) in pieces: split where ``between`` matches (the
+    match dropped; empty pieces skipped), or whole (None); a piece longer than MAX_RECORD_CHARS cut
+    after a line break or a space in its second half where there is one. In bounded memory."""
+    rest, held = "", ""
+    for text in _decoded(file):
+        text = held + text
+        held = "\r" if text.endswith("\r") else ""  # maybe the first half of \r\n
+        rest += text.removesuffix(held).replace("\r\n", "\n").replace("\r", "\n")
+        if between is not None:  # a break that ends the text may go on in the next chunk: kept
+            end = len(rest.rstrip())
+            *done, last = between.split(rest[:end])
+            rest = last + rest[end:]
+            for piece in done:
+                yield from _cut_at_lines(piece) if piece.strip() else ()
+        while len(rest) > MAX_RECORD_CHARS:
+            piece, rest = _first_piece(rest)
+            yield piece
+    rest += "\n" if held else ""
+    if between is None or rest.strip():
+        yield from _cut_at_lines(rest.rstrip("\n") if between is not None else rest)
+
+
+def _first_piece(text: str) -> tuple[str, str]:
+    """The first MAX_RECORD_CHARS characters of ``text`` or fewer, cut after a line break or a space in
+    their second half where there is one; and the rest."""
+    limit = MAX_RECORD_CHARS
+    cut = text.rfind("\n", limit // 2, limit) + 1 or text.rfind(" ", limit // 2, limit) + 1 or limit
+    return text[:cut], text[cut:]
+
+
+def _cut_at_lines(text: str) -> list[str]:
+    """``text`` in pieces of at most MAX_RECORD_CHARS characters (``_first_piece``); none when empty."""
+    pieces = []
+    while len(text) > MAX_RECORD_CHARS:
+        piece, text = _first_piece(text)
+        pieces.append(piece)
+    return [*pieces, text] if text else pieces
+
+
 def _read_with_datasets(reader: str, files: list[Path]) -> Any:
     """``files`` as one HF ``datasets`` Dataset; when they cannot be read, a DataError naming the file
     (and for JSON the line) at fault."""
@@ -316,16 +385,29 @@ def _records(
 
 
 def _iter_records(
-    rows: Iterable[dict[str, Any]], columns: Sequence[str], fields: dict[str, str], origin: str
+    rows: Iterable[dict[str, Any]],
+    columns: Sequence[str],
+    fields: dict[str, str],
+    origin: str,
+    *,
+    keyed: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Records {key, ...}: the rows with ``fields`` renamed (ours=theirs), or whole when none are given.
-    The renames are checked before the first row is read."""
+    The renames are checked before the first row is read. ``keyed``: the rows are records already
+    (.txt files'), whose key (and group) a rename keeps."""
     for ours, theirs in fields.items():
         if theirs not in columns:
             raise DataError(
                 f"data.source_args.{ours}={theirs}: no column {theirs!r} in {origin} (columns: "
                 f"{', '.join(map(str, columns))}); set data.source_args.{ours}=<one of them>"
             )
+    if keyed and not fields:
+        return iter(rows)
+    if keyed:
+        kept = ("key", "group")
+        return (
+            ({ours: r[theirs] for ours, theirs in fields.items()} | {k: r[k] for k in kept if k in r}) for r in rows
+        )
     return _renamed(rows, fields)
 
 

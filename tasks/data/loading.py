@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -69,7 +70,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         epoch, resume = 0 if self.repeat else self.epoch, self._resume
         return epoch, resume[1] if resume is not None and resume[0] == epoch else 0
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int) -> Sequence[list[int]]:
         """This process's batches of ``epoch``, in order (the hook each sampler defines)."""
         raise NotImplementedError(f"{type(self).__name__} must define epoch_batches")
 
@@ -77,21 +78,25 @@ class EpochBatchSampler(Sampler[list[int]]):
         """The random source of one epoch's order."""
         return random.Random(_mix(self.seed, epoch))
 
-    def shard(self, n: int, rng: random.Random | None) -> list[int]:
+    def shard(self, n: int, rng: random.Random | None) -> Sequence[int]:
         """This process's indices of ``range(n)``: every world-th of the order ``rng`` shuffles
         (kept in order without one). A shuffled order first drops the remainder, so that every
-        process gets as many."""
-        order = list(range(n))
+        process gets as many. Held as a machine-integer array (4 bytes an index below 2**31): the
+        order of a corpus of millions of blocks costs megabytes, not a list of Python ints; its
+        shuffle makes the same draws as shuffling a list, so the order is the same."""
+        order = array("i" if n < 2**31 else "q", range(n))
         if rng is not None:
             rng.shuffle(order)
-            order = order[: n // self.world * self.world]
+            del order[n // self.world * self.world :]
         return order[self.rank :: self.world]
 
     def __iter__(self) -> Iterator[list[int]]:
         # a generator: the epoch is taken at the first batch (a DataLoader with workers calls iter() twice)
         epoch, start = self.upcoming()
         self.epoch, self._resume = epoch + 1, None
-        yield from self.epoch_batches(epoch)[start:]
+        batches = self.epoch_batches(epoch)
+        for i in range(start, len(batches)):
+            yield batches[i]
 
 
 class ShuffledBatchSampler(EpochBatchSampler):
@@ -103,12 +108,33 @@ class ShuffledBatchSampler(EpochBatchSampler):
         super().__init__(seed=seed, world=world, rank=rank, repeat=repeat)
         self.n, self.batch_size = n, batch_size
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        order = self.shard(self.n, self.rng(epoch))
-        return [order[i : i + self.batch_size] for i in range(0, len(order) - self.batch_size + 1, self.batch_size)]
+    def epoch_batches(self, epoch: int) -> Sequence[list[int]]:
+        return Batched(self.shard(self.n, self.rng(epoch)), self.batch_size)
 
     def __len__(self) -> int:
         return self.n // self.world // self.batch_size
+
+
+class Batched(Sequence[list[int]]):
+    """The full batches of ``size`` consecutive indices of ``order``, each made when it is asked for."""
+
+    def __init__(self, order: Sequence[int], size: int) -> None:
+        self.order, self.size = order, size
+
+    def __len__(self) -> int:
+        return len(self.order) // self.size
+
+    @overload
+    def __getitem__(self, i: int) -> list[int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[list[int]]: ...
+    def __getitem__(self, i: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"batch {i} of {len(self)}")
+        start = i % len(self) * self.size
+        return list(self.order[start : start + self.size])
 
 
 class BucketBatchSampler(EpochBatchSampler):
@@ -136,7 +162,7 @@ class BucketBatchSampler(EpochBatchSampler):
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         rng = self.rng(epoch)
-        order = self.shard(len(self.lengths), rng if self.shuffle else None)
+        order = list(self.shard(len(self.lengths), rng if self.shuffle else None))
         span = self.batch_size * self.window if self.shuffle else len(order)
         batches = []
         for start in range(0, len(order), span):

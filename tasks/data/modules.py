@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset
 
 from tasks.data.columns import ColumnDataset
 from tasks.data.loading import ListDataset
-from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments, encode_fast
+from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments, encode_fast, joined
 from tasks.data.settings import LMData, MLMData
 from tasks.data.text_module import PreparedDataModule, TextDataModule
 from tasks.data.tokenizers import Specials, added_around, with_cls_sep
@@ -97,18 +98,12 @@ class LMDataModule(PreparedDataModule):
             raise DataError(f"data.packing={packing!r} is not one of {list(self.packings)}")
         self.packing = packing
 
-    def encode_documents(self, texts: list[str]) -> tuple[list[int], list[int]]:
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' ids, each ending in one eos (``encode_with_eos``), one after the other, and each
         one's length; encoded in the tokenizer's thread pool."""
-        eos, drop = self.specials.eos, self.added[1][-1:] == [self.specials.eos]
-        ids: list[int] = []
-        lengths: list[int] = []
-        for encoding in encode_fast(self.tokenizer, texts):
-            own = encoding.ids[:-1] if drop else encoding.ids
-            ids += own
-            ids.append(eos)
-            lengths.append(len(own) + 1)
-        return ids, lengths
+        drop = self.added[1][-1:] == [self.specials.eos]
+        rows = [e.ids[:-1] if drop else e.ids for e in encode_fast(self.tokenizer, texts)]
+        return joined(rows, self.specials.eos)
 
     def prepared_dataset(self, split: SplitTokens, name: str) -> TokenBlocks:
         """Blocks of seq_len + 1 ids of the split's map."""
@@ -198,14 +193,9 @@ class MLMDataModule(PreparedDataModule):
         items = [ids for r in records if len(ids := self.encode(r["text"])) > MIN_TOKENS]
         return ListDataset(items, [len(ids) for ids in items])
 
-    def encode_documents(self, texts: list[str]) -> tuple[list[int], list[int]]:
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' ids ([CLS] text [SEP] cut to seq_len) one after the other, and each one's length."""
-        ids: list[int] = []
-        lengths: list[int] = []
-        for encoding in encode_fast(self.tokenizer, texts):
-            ids += encoding.ids
-            lengths.append(len(encoding.ids))
-        return ids, lengths
+        return joined([e.ids for e in encode_fast(self.tokenizer, texts)])
 
     def prepared_dataset(self, split: SplitTokens, name: str) -> TokenDocuments:
         return TokenDocuments(split, longer_than=MIN_TOKENS)

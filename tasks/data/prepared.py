@@ -24,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,9 @@ from zoo.io import atomic_folder, atomic_write_text
 CACHE_ENV = "ZOO_CACHE"
 VERSION = 1  # of the layout below: a new one is a new cache name
 SPLITS = ("train", "val", "test")
-Encoder = Callable[[list[str]], tuple[list[int], list[int]]]
-"""Texts -> their ids one after the other, and the length of each text's (a data module's ``encode_documents``)."""
+Encoder = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
+"""Texts -> their ids one after the other, and the length of each text's (a data module's
+``encode_documents``; ``joined`` makes them)."""
 CHUNK_CHARS = 4 << 20  # the text encoded in one encode_batch call (about 4 MB)
 
 
@@ -222,16 +225,29 @@ def prepared_tokens(
 
 
 def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path) -> None:
+    """Each split's ids and document ends into ``stage``. A chunk is encoded in a thread (the tokenizer
+    lets go of the GIL while it works) while the next one is read: reading the records and encoding
+    them overlap, and no more than two chunks are held."""
     counts = {split: [0, 0] for split in SPLITS}  # tokens, documents
-    with contextlib.ExitStack() as files, _progress(corpus.size) as bar:
+    with contextlib.ExitStack() as files, _progress(corpus.size) as bar, ThreadPoolExecutor(1) as pool:
         out = {s: [files.enter_context(open(stage / f"{s}.{kind}", "wb")) for kind in ("ids", "ends")] for s in SPLITS}
-        for split, texts in _chunks(corpus):
-            ids, lengths = encode(texts)
-            np.array(ids, dtype=width).tofile(out[split][0])
-            (counts[split][0] + np.cumsum(np.array(lengths, dtype=np.int64))).tofile(out[split][1])
+
+        def write(split: str, texts: list[str], job: Future[tuple[list[int], list[int]]]) -> None:
+            ids, lengths = job.result()
+            np.asarray(ids).astype(width, copy=False).tofile(out[split][0])
+            (counts[split][0] + np.cumsum(lengths, dtype=np.int64)).tofile(out[split][1])
             counts[split][0] += len(ids)
             counts[split][1] += len(lengths)
             bar.update(sum(len(t.encode("utf-8")) for t in texts))
+
+        pending = None
+        for split, texts in _chunks(corpus):
+            job = pool.submit(encode, texts)
+            if pending is not None:
+                write(*pending)
+            pending = (split, texts, job)
+        if pending is not None:
+            write(*pending)
     meta = {
         "version": VERSION,
         "dtype": width,
@@ -283,6 +299,23 @@ def _read_meta(folder: Path) -> dict[str, SplitTokens]:
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     files = {split: (folder / f"{split}.ids", folder / f"{split}.ends") for split in meta["splits"]}
     return {s: SplitTokens(*files[s], meta["dtype"], c["tokens"], c["documents"]) for s, c in meta["splits"].items()}
+
+
+def joined(rows: list[list[int]], end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of ``rows`` one after the other, each followed by ``end`` where one is given (uint32),
+    and each row's length with it (int64): a data module's ``encode_documents`` at C speed."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) + (end is not None)
+    body = np.fromiter(
+        itertools.chain.from_iterable(rows), dtype=np.uint32, count=int(lengths.sum()) - (end is not None) * len(rows)
+    )
+    if end is None:
+        return body, lengths
+    ids = np.full(int(lengths.sum()), end, dtype=np.uint32)
+    ends = np.cumsum(lengths)
+    keep = np.ones(len(ids), dtype=bool)
+    keep[ends - 1] = False
+    ids[keep] = body
+    return ids, lengths
 
 
 def encode_fast(tokenizer: Tokenizer, texts: list[str]) -> list[Any]:
