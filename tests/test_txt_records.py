@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tasks.data.files as files
@@ -57,7 +56,7 @@ def test_paragraphs_end_at_blank_or_whitespace_lines_and_are_never_empty(tmp_pat
 
 def test_a_line_records_key_is_the_rows_as_before(tmp_path):
     long = "é" * 300
-    (tmp_path / "a.txt").write_text(f"short\n{long}\n\"quoted\"\n")
+    (tmp_path / "a.txt").write_text(f'short\n{long}\n"quoted"\n')
     records = _local(tmp_path / "a.txt")
     rows = [{"text": t} for t in ("short", long, '"quoted"')]
     assert records == list(files._renamed(rows, {}))
