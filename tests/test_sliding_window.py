@@ -324,3 +324,21 @@ def test_zoo_stats_sizes_the_cache_a_window_keeps():
     assert zoo.stats(model.config, seq_len=20, batch_size=2, dtype=torch.float32).kv_cache_bytes == cache.nbytes()
     plain = zoo.stats(model.config.replace(mask=None, window=None), seq_len=20, batch_size=2, dtype=torch.float32)
     assert plain.kv_cache_bytes == cache.nbytes() * 20 // (W - 1)
+
+
+def test_window_pattern_is_read_by_the_mask_for_the_stack_and_the_exporters():
+    from zoo.mask import windowed_layers
+
+    cfg = tiny_config(n_layers=5, mask="sliding_window", window=4, window_pattern="LG")
+    assert windowed_layers(cfg) == [True, False, True, False, True]
+    assert windowed_layers(tiny_config(n_layers=3, mask="sliding_window", window=4)) == [True, True, True]
+    assert windowed_layers(tiny_config(n_layers=3, mask="document", window=4, window_pattern="GL")) == [
+        False,
+        True,
+        False,
+    ]
+    assert windowed_layers(tiny_config(n_layers=3)) == [False, False, False]
+    cfg = tiny_config(n_layers=4, mask="sliding_window", window=4, window_pattern="LLLG")
+    stack = zoo.build_model(cfg).stacks()[-1]
+    assert stack.global_layers == [not w for w in windowed_layers(cfg)] == [False, False, False, True]
+    assert stack.lookbacks() == [3, 3, 3, None]

@@ -138,10 +138,7 @@ class Stack(nn.Module):
         self.mask = MASK.get(mask, field="mask").from_config(cfg, role=role)
         # a window_pattern's global layers (G) attend as the mask without its window
         self.global_mask = self.mask.widened() if self.mask.window_pattern else None
-        pattern = self.mask.window_pattern or "L"
-        self.global_layers = [
-            self.global_mask is not None and pattern[i % len(pattern)] == "G" for i in range(n_layers)
-        ]
+        self.global_layers = [self.global_mask is not None and not w for w in self.mask.windowed_layers(n_layers)]
         self.position: Position = POSITION.get(cfg.position, field="position").from_config(cfg, causal=self.mask.causal)
         placement = NORM_PLACEMENT.get(cfg.norm_placement, field="norm_placement")
         self.embed_norm = build_norm(cfg) if placement.normalises_embeddings(cfg) else None

@@ -124,6 +124,11 @@ class Mask:
         window to drop)."""
         return None
 
+    def windowed_layers(self, n_layers: int) -> list[bool]:
+        """Per layer of a stack of ``n_layers``, whether it attends through this mask's window: none, for
+        a mask without one (a windowed mask says which: :meth:`SlidingWindow.windowed_layers`)."""
+        return [False] * n_layers
+
     def mask_mod(self, prefix_len: int | Tensor | None = None) -> MaskMod | None:
         """The rule, as flex_attention's mask_mod: True where query q_idx may attend to key kv_idx, both
         absolute positions; b indexes ``prefix_len`` when it is a (B,) tensor. None: every key."""
@@ -224,6 +229,13 @@ class SlidingWindow(Mask):
 
     def widened(self) -> Mask:
         return Bidirectional()
+
+    def windowed_layers(self, n_layers: int) -> list[bool]:
+        """The L layers of ``window_pattern`` repeated over the stack (every layer without a pattern); the
+        G layers attend as :meth:`widened`. The one reading of the pattern: the stack, the HF families
+        and GGUF ask it (through :func:`windowed_layers`)."""
+        pattern = self.window_pattern or "L"
+        return [pattern[i % len(pattern)] == "L" for i in range(n_layers)]
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, *, role: StackRole = LONE) -> SlidingWindow:
@@ -339,3 +351,8 @@ def document_positions(document_ids: Tensor) -> Tensor:
     starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]  # True at a document's first position
     first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # (B, T)
     return index - first
+
+
+def windowed_layers(cfg: ModelConfig) -> list[bool]:
+    """Per layer of ``cfg``'s model, whether it attends through its mask's window (``Mask.windowed_layers``)."""
+    return MASK.get(cfg.resolved_mask, field="mask").from_config(cfg).windowed_layers(cfg.n_layers)

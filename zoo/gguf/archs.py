@@ -36,6 +36,7 @@ from zoo.gguf.names import (
     Slot,
     _common,
 )
+from zoo.mask import windowed_layers
 
 GEMMA2_27B_LAYERS = 46  # llama.cpp takes a 46-layer gemma2 for the 27B and scales its scores by d_model / n_heads
 
@@ -55,9 +56,7 @@ def _gemma2_implied(values: dict[str, Any]) -> dict[str, Any]:
 
 def _gemma2_unfit(cfg: ModelConfig) -> list[str]:
     problems = []
-    pattern = cfg.window_pattern or "L"
-    windowed = [cfg.resolved_mask == "sliding_window" and pattern[i % len(pattern)] == "L" for i in range(cfg.n_layers)]
-    if windowed != [i % 2 == 0 for i in range(cfg.n_layers)]:
+    if windowed_layers(cfg) != [i % 2 == 0 for i in range(cfg.n_layers)]:
         problems.append(
             f"mask={cfg.resolved_mask}, window_pattern={cfg.window_pattern} (llama.cpp's gemma2 has a window over "
             "every other layer, the first included: mask=sliding_window, window_pattern=LG)"

@@ -14,6 +14,7 @@ from zoo.config import ModelConfig
 from zoo.hf.common import attn_dropout, decoder_family, differs, ids, plain, shortest_repeat
 from zoo.hf.mapping import FAMILIES, Mapper, activation, first, token_id
 from zoo.hf.rope_decoders import rope_parameters, rope_settings
+from zoo.mask import windowed_layers
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -129,8 +130,7 @@ def _gemma2_unfit(cfg: ModelConfig) -> list[str]:
 
 def _gemma2_write(cfg: ModelConfig) -> dict[str, Any]:
     hd = cfg.resolved_head_dim
-    pattern = cfg.window_pattern or "L"
-    types = [FULL if cfg.window is None or pattern[i % len(pattern)] == "G" else SLIDING for i in range(cfg.n_layers)]
+    types = [SLIDING if windowed else FULL for windowed in windowed_layers(cfg)]
     act = "silu" if cfg.ffn == "swiglu" else {"none": "gelu", "tanh": "gelu_pytorch_tanh"}[cfg.gelu_approximate]
     return {
         "hidden_size": cfg.d_model,

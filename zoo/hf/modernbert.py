@@ -21,6 +21,7 @@ from zoo.config import ModelConfig
 from zoo.hf.common import BUFFERS, attn_dropout, differs, ids, mha, plain, shortest_repeat
 from zoo.hf.mapping import FAMILIES, GELU, Family, HFClass, Mapper, activation, first, token_id
 from zoo.hf.rope_decoders import rope_parameters, rope_settings
+from zoo.mask import windowed_layers
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 THETA = {FULL: 160000.0, SLIDING: 10000.0}  # global_rope_theta, local_rope_theta (configs before transformers 5)
@@ -173,8 +174,7 @@ def _modernbert_unfit(cfg: ModelConfig) -> list[str]:
 
 
 def _modernbert_write(cfg: ModelConfig) -> dict[str, Any]:
-    pattern = cfg.window_pattern or ("L" if cfg.window is not None else "G")
-    types = [FULL if pattern[i % len(pattern)] == "G" else SLIDING for i in range(cfg.n_layers)]
+    types = [SLIDING if windowed else FULL for windowed in windowed_layers(cfg)]
     gelu = {"none": "gelu", "tanh": "gelu_pytorch_tanh"}[cfg.gelu_approximate]
     wide = cfg.replace(rope_base=cfg.rope_base if cfg.rope_base_global is None else cfg.rope_base_global)
     return {
