@@ -24,6 +24,7 @@ from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
 from tasks.optim import SCHEDULE_KEYS, build_optimizer
 from tasks.precision import clip_under_mixed_precision
+from tasks.strategy import pipeline_step_of, strategy_of
 from zoo.generation import GenerationMixin
 
 STAGES = ("train", "val", "test")
@@ -113,10 +114,7 @@ class ZooTask(L.LightningModule):
         """Lightning's hook for a strategy that splits the model once its processes are up: a strategy
         with a ``parallelize`` (trainer=tp: tasks.parallel) splits each block over the ranks; the
         others keep it whole."""
-        trainer = self._trainer  # None outside a Trainer: load_from_checkpoint calls this hook too
-        parallelize = None if trainer is None else getattr(trainer.strategy, "parallelize", None)
-        if parallelize is not None:
-            parallelize(self)
+        strategy_of(self._trainer).parallelize(self)  # no trainer: load_from_checkpoint calls this hook too
 
     def train_loss(self, batch: dict[str, Any]) -> Tensor:
         """The loss of a training batch, for a task whose training step computes nothing else (no metric
@@ -140,8 +138,7 @@ class ZooTask(L.LightningModule):
     def pipeline_step(self) -> Callable[[ZooTask, dict[str, Any], str], Tensor] | None:
         """The strategy's ``pipeline_step`` when it runs the model as pipeline stages (trainer=pp:
         tasks.pipeline; it calls the task's ``pipeline_loss`` on the last stage), else None."""
-        trainer = self._trainer
-        return None if trainer is None else getattr(trainer.strategy, "pipeline_step", None)
+        return pipeline_step_of(self._trainer)
 
     @cached_property
     def tokenizer(self) -> Tokenizer:

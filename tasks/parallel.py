@@ -58,6 +58,7 @@ from tasks.parallel_layers import (
     split_model,
     whole_parameter_count,
 )
+from tasks.strategy import ZooStrategy
 
 __all__ = [
     "ShardedLinear",
@@ -84,7 +85,7 @@ def reshard(sampler: DistributedSampler, replicas: int, rank: int) -> None:
     sampler.total_size = sampler.num_samples * replicas
 
 
-class TensorParallelStrategy(ModelParallelStrategy):
+class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
     """``trainer=tp``: ModelParallelStrategy over the devices of one node, as R data-parallel replicas of
     one tensor-parallel group each. ``ZooTask.configure_model`` asks it to split the model
     (``parallelize``).

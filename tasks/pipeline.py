@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import zoo
 from tasks.base import ZooTask
 from tasks.data.loading import EpochBatchSampler
+from tasks.strategy import ZooStrategy
 from zoo.pipeline import Stage, check_pipeline, tied_embedding
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -56,13 +57,14 @@ class PipelineBatch(NamedTuple):
     items: Tensor
 
 
-class PipelineParallelStrategy(ModelParallelStrategy):
+class PipelineParallelStrategy(ModelParallelStrategy, ZooStrategy):
     """``trainer=pp``: one pipeline stage per device of one node. ``schedule``: gpipe or 1f1b;
     ``microbatches``: how many each batch is cut into (the largest divisor of the batch size up to
     it; at least the number of stages keeps every stage busy in 1F1B, which falls back to GPipe
     for a batch cut into fewer)."""
 
     task_hooks: ClassVar[tuple[str, ...]] = ("pipeline_batch", "pipeline_loss")  # what a task it trains defines
+    runs_pipeline = True
 
     @classmethod
     def check_model(cls, model: zoo.ZooModel, devices: int, **settings: Any) -> None:

@@ -19,6 +19,7 @@ from tasks.base import no_base_error
 from tasks.cli.schemas import model_config
 from tasks.cli.values import check_values
 from tasks.optim import optimizer_settings
+from tasks.strategy import ZooStrategy, strategy_class
 from zoo.generation import free_bytes
 
 
@@ -62,20 +63,20 @@ def check_strategy(cfg: DictConfig, model: zoo.ModelConfig) -> None:
     a run directory claimed; the model is built on the meta device, so nothing is allocated."""
     target = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
     devices = OmegaConf.select(cfg, "trainer.devices", default=None)
-    check_run = getattr(get_class(target), "check_run", None) if target else None
-    if check_run is not None:  # the task, optimizer and nodes it cannot run, before any process starts
-        nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1)
-        check_run(
-            task=task_class(str(cfg.task._target_)),
-            optimizer=optimizer_settings(OmegaConf.to_container(cfg.optimizer, resolve=True)),
-            num_nodes=nodes if isinstance(nodes, int) else 1,
-        )
-    check = getattr(get_class(target), "check_model", None) if target else None
-    if check is not None and isinstance(devices, int) and devices > 0:
+    strategy = strategy_class(get_class(target) if target else None)
+    if strategy is ZooStrategy:  # Lightning's own: the model whole, nothing to refuse
+        return
+    nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1)
+    strategy.check_run(  # the task, optimizer and nodes it cannot run, before any process starts
+        task=task_class(str(cfg.task._target_)),
+        optimizer=optimizer_settings(OmegaConf.to_container(cfg.optimizer, resolve=True)),
+        num_nodes=nodes if isinstance(nodes, int) else 1,
+    )
+    if isinstance(devices, int) and devices > 0:
         settings = OmegaConf.to_container(cfg.trainer.strategy, resolve=True)
         settings.pop("_target_")
         with torch.device("meta"):
-            check(zoo.build_model(model), devices, **settings)
+            strategy.check_model(zoo.build_model(model), devices, **settings)
 
 
 TRAINING_COPIES = 4  # a trainable parameter's weight, gradient and AdamW's two moments, each of the weight's dtype

@@ -38,6 +38,7 @@ from tasks.errors import RunFailed
 from tasks.loggers import CSVLogger
 from tasks.optim import check_same_optimizer, optimizer_name
 from tasks.run_dirs import claim_run_dir, release_runs
+from tasks.strategy import strategy_of
 
 
 def train(cfg: DictConfig) -> float | None:
@@ -72,7 +73,7 @@ def train_run(cfg: DictConfig) -> float | None:
         with failures_kept(plan):
             metrics.update(tested(trainer, task, datamodule, best, plan))
     # a model split over the ranks (trainer=tp, pp) is counted whole by its strategy, on every rank
-    params = getattr(trainer.strategy, "whole_parameter_count", zoo.count_parameters)(task.model)
+    params = strategy_of(trainer).whole_parameter_count(task.model)
     if trainer.is_global_zero:
         score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
         summarize(
