@@ -143,7 +143,7 @@ def test_a_preparation_killed_mid_way_is_never_used_and_the_rerun_gives_the_same
     clean = module(text, tmp_path / "clean")
     clean.setup("fit")
     for split in ("train", "val", "test"):
-        assert np.array_equal(rerun.datasets[split].ids(), clean.datasets[split].ids())
+        assert np.array_equal(rerun.datasets[split].split.read_ids(), clean.datasets[split].split.read_ids())
 
 
 def test_a_full_disk_during_preparation_leaves_nothing_under_the_final_name(tmp_path, monkeypatch):
@@ -173,7 +173,7 @@ def test_two_processes_preparing_one_corpus_at_once_agree(tmp_path):
         dm = LMDataModule(source="local", source_args={"path": sys.argv[1]}, cache_dir=sys.argv[2], vocab_size=300,
                           seq_len=16, val_fraction=0.1, test_fraction=0.1)
         dm.setup("fit")
-        print(hashlib.md5(dm.datasets["train"].ids().tobytes()).hexdigest())
+        print(hashlib.md5(dm.datasets["train"].split.read_ids().tobytes()).hexdigest())
         """
     )
     command = [sys.executable, "-c", code, str(text), str(cache)]
@@ -230,10 +230,10 @@ def test_a_dataloader_worker_gets_the_path_not_the_data(tmp_path):
     dm = module(corpus(tmp_path / "text"), tmp_path / "cache")
     dm.setup("fit")
     blocks = dm.datasets["train"]
-    blocks.ids()  # opened here
+    blocks[0]  # the file opened here
     copy = pickle.loads(pickle.dumps(blocks))
-    assert copy._ids is None and len(pickle.dumps(blocks)) < 2000
-    assert torch.equal(copy[2], blocks[2])
+    assert blocks.reader._fd is not None and copy.reader._fd is None and len(pickle.dumps(blocks)) < 2000
+    assert torch.equal(copy[2], blocks[2]) and copy.reader._fd is not None
 
 
 def test_a_masked_lms_documents_from_the_map_are_those_built_in_memory(tmp_path):
@@ -271,7 +271,7 @@ def test_a_dataset_folder_streamed_shard_by_shard_gives_the_ids_it_gives_read_wh
             **args,
         )
         dm.setup("fit")
-        ids[streaming] = {split: blocks.ids().tolist() for split, blocks in dm.datasets.items()}
+        ids[streaming] = {split: blocks.split.read_ids().tolist() for split, blocks in dm.datasets.items()}
     assert ids[True] == ids[False] and len(ids[True]["train"]) > 1000
     before = stores(tmp_path / "cache-True")
     (shards / "part-1.jsonl").write_text(json.dumps({"text": "a changed shard", "id": 0}) + "\n")
@@ -284,3 +284,23 @@ def test_a_dataset_folder_streamed_shard_by_shard_gives_the_ids_it_gives_read_wh
     )
     dm.setup("fit")
     assert len(stores(tmp_path / "cache-True")) == len(before) + 1
+
+
+def test_blocks_are_read_without_mapping_the_file_and_a_cut_file_is_named(tmp_path):
+    dm = module(corpus(tmp_path / "text"), tmp_path / "cache")
+    dm.setup("fit")
+    blocks = dm.datasets["train"]
+    whole = blocks.split.read_ids()
+    n = len(blocks)
+    assert [blocks[i].tolist() for i in (0, n - 1, -1)] == [
+        whole[i * blocks.block : (i + 1) * blocks.block].tolist() for i in (0, n - 1, n - 1)
+    ]
+    del whole
+    batch = blocks.__getitems__([3, 1])
+    assert str(blocks.split.ids) not in Path("/proc/self/maps").read_text()  # read, never mapped
+    assert [b.tolist() for b in batch] == [blocks[3].tolist(), blocks[1].tolist()]
+    with pytest.raises(IndexError):
+        blocks[n]
+    os.truncate(blocks.split.ids, blocks.block * 2)  # a file cut short after preparation
+    with pytest.raises(DataError, match="ids end before id .* remove its folder from the cache"):
+        blocks[n - 1]

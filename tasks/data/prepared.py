@@ -1,4 +1,4 @@
-"""A corpus tokenized once, trained from a memory map: training memory does not grow with the corpus.
+"""A corpus tokenized once into flat files of ids: training memory does not grow with the corpus.
 
 The first run on a corpus (``LMDataModule``) streams its records, splits them by a hash of their
 group as every data module does (``split_records``), and writes each split's token ids as one flat
@@ -15,8 +15,9 @@ in the same cache, so a second run on a corpus reads neither the corpus nor the 
 in ``tokenizers``' own thread pool (``encode_batch``: every core, without copying the text to other
 processes), with a progress bar in MB/s.
 
-Training reads blocks of a split's memory map (``TokenBlocks``): batch by batch, the same blocks in
-the same order as the tensor of the whole split that earlier versions built in memory.
+Training reads blocks of a split's file (``TokenBlocks``): batch by batch, the same blocks in the same
+order as the tensor of the whole split that earlier versions built in memory, each read with
+``os.pread`` (``IdReader``), so that the process holds its batches and no page of the corpus.
 """
 
 from __future__ import annotations
@@ -352,51 +353,72 @@ def locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-# ---- training reads the map ----------------------------------------------------------------------------
+# ---- training reads the token files ---------------------------------------------------------------------
+class IdReader:
+    """Reads ids of a split's file with ``os.pread``: the process holds what it asked for and nothing else
+    (pages of a memory map it touched would count in its resident memory, read-ahead included, and grow
+    with the corpus over a run). The file is opened in each process that reads it (a DataLoader worker
+    gets the path, not an open file)."""
+
+    def __init__(self, split: SplitTokens) -> None:
+        self.split, self.width = split, np.dtype(split.dtype).itemsize
+        self._fd: int | None = None
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` ids from id ``start`` on, as int64."""
+        if self._fd is None:
+            self._fd = os.open(self.split.ids, os.O_RDONLY)
+        data = os.pread(self._fd, count * self.width, start * self.width)
+        if len(data) != count * self.width:
+            raise DataError(
+                f"{self.split.ids}: the prepared ids end before id {start + count} (the file was cut); remove "
+                f"its folder from the cache to prepare the corpus again"
+            )
+        return np.frombuffer(data, dtype=self.split.dtype).astype(np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
 class TokenBlocks(Dataset):
     """Blocks of ``block`` consecutive ids of a prepared split, block i at ids[i*block : (i+1)*block]
-    (what is left after the last full block is not used). The memory map is opened in each process
-    that reads it (a DataLoader worker gets the path, not the data)."""
+    (what is left after the last full block is not used), each read from the split's file when asked
+    for (:class:`IdReader`)."""
 
     lengths = None  # all blocks are full: no bucketing
 
     def __init__(self, split: SplitTokens, block: int) -> None:
         self.split, self.block = split, block
-        self._ids: np.ndarray | None = None
+        self.reader = IdReader(split)
 
     def __len__(self) -> int:
         return self.split.tokens // self.block
 
-    def ids(self) -> np.ndarray:
-        if self._ids is None:
-            self._ids = self.split.read_ids()
-        return self._ids
-
     def __getitem__(self, i: int) -> Tensor:
         if not -len(self) <= i < len(self):
             raise IndexError(f"block {i} of {len(self)}")
-        i %= len(self)
-        return torch.from_numpy(self.ids()[i * self.block : (i + 1) * self.block].astype(np.int64))
+        return torch.from_numpy(self.reader.read(i % len(self) * self.block, self.block))
 
     def __getitems__(self, indices: list[int]) -> list[Tensor]:
-        """A batch's blocks in one read of the map (the DataLoader asks for a batch at once)."""
-        starts = np.asarray(indices, dtype=np.int64) * self.block
-        rows = self.ids()[starts[:, None] + np.arange(self.block)]
-        return list(torch.from_numpy(rows.astype(np.int64)).unbind(0))
+        """A batch's blocks (the DataLoader asks for a batch at once)."""
+        return [self[i] for i in indices]
 
     @property
     def items(self) -> Tensor:
         """Every block, (n, block), read whole into memory: for looking at a small split."""
         n = len(self)
-        return torch.from_numpy(np.asarray(self.ids()[: n * self.block], dtype=np.int64)).view(n, self.block)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ids": None}
+        return torch.from_numpy(np.asarray(self.split.read_ids()[: n * self.block], dtype=np.int64)).view(n, self.block)
 
 
 class TokenDocuments(Dataset):
-    """The documents of a prepared split with more than ``longer_than`` ids, each a list of its ids;
-    ``lengths`` (for bucketing) from the split's document ends, nothing else held in memory."""
+    """The documents of a prepared split with more than ``longer_than`` ids, each a list of its ids read
+    from the split's file when asked for; ``lengths`` (for bucketing) from the split's document ends,
+    nothing else held in memory."""
 
     def __init__(self, split: SplitTokens, longer_than: int = 0) -> None:
         self.split = split
@@ -405,23 +427,16 @@ class TokenDocuments(Dataset):
         keep = np.flatnonzero(ends - starts > longer_than)
         self.starts, self.ends = starts[keep], ends[keep]
         self.lengths = (self.ends - self.starts).tolist()
-        self._ids: np.ndarray | None = None
+        self.reader = IdReader(split)
 
     def __len__(self) -> int:
         return len(self.starts)
 
-    def ids(self) -> np.ndarray:
-        if self._ids is None:
-            self._ids = self.split.read_ids()
-        return self._ids
-
     def __getitem__(self, i: int) -> list[int]:
-        return self.ids()[self.starts[i] : self.ends[i]].tolist()
+        start = int(self.starts[i])
+        return self.reader.read(start, int(self.ends[i]) - start).tolist()
 
     @property
     def items(self) -> list[list[int]]:
         """Every document's ids: for looking at a small split."""
         return [self[i] for i in range(len(self))]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ids": None}
