@@ -95,3 +95,21 @@ def test_joined_ids_are_the_rows_one_after_the_other(end):
     assert ids.tolist() == [i for row in rows for i in row + tail]
     assert lengths.tolist() == [len(row) + len(tail) for row in rows]
     assert joined([], end)[0].tolist() == []
+
+
+def test_a_tokenizers_sample_of_a_large_txt_corpus_reads_seeded_windows_of_whole_lines(tmp_path, monkeypatch):
+    from tasks.data import LMDataModule
+
+    monkeypatch.setattr(files, "WINDOW_BYTES", 64)
+    lines = [f"line {i} " + "x" * (i % 13) for i in range(3000)]
+    for part in range(3):
+        (tmp_path / f"part{part}.txt").write_text("\r\n".join(lines[part::3]) + "\r\n")
+    dm = LMDataModule(source="local", source_args={"path": str(tmp_path)}, cache_dir=str(tmp_path / "cache"))
+    corpus = dm.corpus()
+    corpus.records_of = lambda: pytest.fail("the sample read the records")  # windows only
+    budget = corpus.size // 5
+    sample = list(corpus.sample(budget, seed=4))
+    assert sample == list(corpus.sample(budget, seed=4)) != list(corpus.sample(budget, seed=5))
+    assert set(sample) <= set(lines) and len(set(sample)) == len(sample)  # whole lines, each once
+    taken = sum(len(t) for t in sample)
+    assert budget / 2 < taken <= budget

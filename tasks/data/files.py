@@ -10,11 +10,12 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tasks.data.prepared import unit
 from tasks.errors import DataError
 
 # ---- local files ---------------------------------------------------------------------------------
@@ -28,6 +29,7 @@ PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line break, then blank (
 """How a .txt file becomes records (``data.source_args.sample_by``), as HF datasets' text reader: each
 line; each paragraph (lines up to a blank one, joined by \\n); each file, its pieces kept in one split."""
 CHUNK_BYTES = 1 << 20  # .txt files are read this much at a time
+WINDOW_BYTES = 1 << 18  # the part of a .txt file one draw of a tokenizer's sample reads (``text_windows``)
 HEAD_BYTES = 1 << 13  # how much of a csv/json/parquet file is checked before HF datasets reads it
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # writing HF datasets' cache failed
 
@@ -71,6 +73,35 @@ def iter_local_records(path: str | Path, sample_by: str = "line", **fields: str)
         return _iter_records(records, ["text"], fields, origin, keyed=True)
     dataset = _read_with_datasets(reader, files)
     return _iter_records(dataset, dataset.column_names, fields, origin)
+
+
+def text_windows(path: str | Path, sample_by: str = "line", **_: Any) -> Callable[[float, int], Iterator[str]] | None:
+    """For .txt files at ``path``: a function (share, seed) -> the texts of a seeded ``share`` of their
+    WINDOW_BYTES windows, read alone (a tokenizer's sample of a corpus larger than it, without reading
+    the rest); None for other files."""
+    files = _data_files(Path(path).expanduser(), f"data.source_args.path={path}")
+    if READERS[files[0].suffix.lower()] != "text":
+        return None
+    return lambda share, seed: _windows(files, sample_by, share, seed)
+
+
+def _windows(files: list[Path], sample_by: str, share: float, seed: int) -> Iterator[str]:
+    """Each window (``WINDOW_BYTES`` at a multiple of it) of ``files`` with probability ``share``, by a
+    hash of (seed, file, offset), its whole lines only (line breaks made \\n): by line, each line; else
+    the window's text."""
+    for file in files:
+        size = file.stat().st_size
+        with _open(file) as f:
+            for offset in range(0, size, WINDOW_BYTES):
+                if unit(seed, f"{file.name}:{offset}") >= share:
+                    continue
+                f.seek(offset)
+                data = f.read(WINDOW_BYTES)
+                first = 0 if offset == 0 else data.find(b"\n") + 1
+                last = len(data) if offset + len(data) >= size else data.rfind(b"\n") + 1
+                text = data[first:last].decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+                if first < last:
+                    yield from (filter(None, text.split("\n")) if sample_by == "line" else [text])
 
 
 def local_size(path: str | Path) -> int:

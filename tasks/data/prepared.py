@@ -104,6 +104,7 @@ class Corpus:
     settings: dict[str, Any]  # what else decides the splits (fractions, max_records, seed, module)
     size: int | None = None  # bytes of text, where known without reading (a local corpus' files)
     train_share: float = 1.0  # the part of ``size`` the training split holds, about
+    windows: Callable[[float, int], Iterator[str]] | None = None  # a seeded share of the files' text (see sample)
     _identity: str | None = field(default=None, repr=False)
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -123,23 +124,34 @@ class Corpus:
         return self._identity
 
     def sample(self, sample_bytes: int, seed: int) -> Iterator[str]:
-        """Texts of the training split for the tokenizer, in corpus order: every one when the corpus
-        holds at most ``sample_bytes`` of text; else, where its size is known, each record with the
-        probability that takes about that much, by a hash of (seed, key); never more than
-        ``sample_bytes`` in all (where the size is not known: the first ``sample_bytes``)."""
+        """Texts for the tokenizer, in corpus order: every text of the training split when it holds at
+        most ``sample_bytes``; else, where the source reads seeded windows of its files (``windows``:
+        .txt files), windows of every split with the probability that takes about that much, without
+        reading the rest (the tokenizer sees some held-out text, as GPT-2's saw all of WebText; the model
+        never trains on it); else each record of the
+        training split with that probability, by a hash of (seed, key). Never more than ``sample_bytes``
+        in all (where the size is not known: the first ``sample_bytes`` of the training split)."""
         train = None if self.size is None else self.size * self.train_share
         share = 1.0 if train is None or train <= sample_bytes else sample_bytes / train
         capped, taken = self.size is None or share < 1.0, 0
+        if share < 1.0 and self.windows is not None and self.size:
+            texts: Iterator[str] = self.windows(sample_bytes / self.size, seed)
+        else:
+            texts = self._train_texts(share, seed)
+        for text in texts:
+            taken += len(text.encode("utf-8"))
+            if capped and taken > sample_bytes:
+                return
+            yield text
+
+    def _train_texts(self, share: float, seed: int) -> Iterator[str]:
+        """The texts of the training split's records, each record with probability ``share``."""
         for split, record in self.records():
             if split != "train" or unit(seed, str(record["key"])) >= share:
                 continue
             for text in self.texts(record):
-                if not isinstance(text, str):
-                    continue  # refused with its record's place when the corpus is tokenized
-                taken += len(text.encode("utf-8"))
-                if capped and taken > sample_bytes:
-                    return
-                yield text
+                if isinstance(text, str):  # else refused with its record's place when the corpus is tokenized
+                    yield text
 
 
 # ---- the tokenizer, trained once on a sample -----------------------------------------------------------

@@ -36,6 +36,7 @@ from tasks.data.files import (
     local_identity,
     local_records,
     local_size,
+    text_windows,
 )
 from tasks.errors import DataError
 
@@ -192,15 +193,22 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
 class Streamed:
     """How a source is read one record at a time: ``records`` (an iterator of them), ``identity`` (what
     changes when its data changes, without reading it; None where that cannot be known so) and ``size``
-    (its bytes of data, where known without reading: a progress bar's total), all from its arguments."""
+    (its bytes of data, where known without reading: a progress bar's total), and ``windows`` (where it can
+    read seeded parts of its files alone: a tokenizer's sample, ``Corpus.sample``), all from its arguments."""
 
     records: Callable[..., Iterator[dict[str, Any]]]
     identity: Callable[..., Any]
     size: Callable[..., int | None]
+    windows: Callable[..., Callable[[float, int], Iterator[str]] | None] = lambda **_: None
 
 
 STREAMED = {
-    "local": Streamed(iter_local_records, lambda path, **_: local_identity(path), lambda path, **_: local_size(path)),
+    "local": Streamed(
+        iter_local_records,
+        lambda path, **_: local_identity(path),
+        lambda path, **_: local_size(path),
+        text_windows,
+    ),
     "hub": Streamed(iter_hub_records, hub_identity, hub_size),
 }
 """The sources read one record at a time (the others return a list)."""
@@ -234,6 +242,16 @@ def source_identity(source: str, source_args: dict[str, Any]) -> tuple[Any, int 
         return STREAMED[source].identity(**source_args), STREAMED[source].size(**source_args)
     except TypeError:
         return None, None  # arguments the source refuses: it says so, in one line, when it is read
+
+
+def source_windows(source: str, source_args: dict[str, Any]) -> Callable[[float, int], Iterator[str]] | None:
+    """How to read seeded parts of the source's files alone (``Streamed.windows``), where it can."""
+    if source not in STREAMED:
+        return None
+    try:
+        return STREAMED[source].windows(**source_args)
+    except TypeError:
+        return None  # arguments the source refuses: it says so, in one line, when it is read
 
 
 def _checked(

@@ -43,7 +43,15 @@ from tasks.data.prepared import (
     split_records,
 )
 from tasks.data.settings import PreparedData, TextData
-from tasks.data.sources import STREAMED, check_texts, load_records, source_identity, split_of, stream_records
+from tasks.data.sources import (
+    STREAMED,
+    check_texts,
+    load_records,
+    source_identity,
+    source_windows,
+    split_of,
+    stream_records,
+)
 from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, train_tokenizer
 from tasks.errors import DataError
 
@@ -337,6 +345,7 @@ class PreparedDataModule(TextDataModule):
                 settings,
                 size=size,
                 train_share=max(1.0 - self.val_fraction - self.test_fraction, 0.0),
+                windows=source_windows(source, args),
             )
         records = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
         check_texts(records, self.texts, self.source, self.source_args)
