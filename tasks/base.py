@@ -25,7 +25,7 @@ from tasks.errors import UserError
 from tasks.optim import SCHEDULE_KEYS, build_optimizer
 from tasks.precision import clip_under_mixed_precision
 from tasks.strategy import pipeline_step_of, strategy_of
-from zoo.generation import GenerationMixin
+from zoo.generation import generate
 
 STAGES = ("train", "val", "test")
 
@@ -215,7 +215,7 @@ class ZooTask(L.LightningModule):
         """Every decoding setting of ``ZooModel.generate`` (:data:`DECODING`) this task decodes with: its
         own, and generate's defaults for the rest. zoo-generate decodes with them where its command line
         says nothing else, and ``zoo-export format=hf`` writes them into generation_config.json."""
-        defaults = inspect.signature(GenerationMixin.generate).parameters  # where generate declares them
+        defaults = inspect.signature(generate).parameters  # where generate declares them
         return {name: defaults[name].default for name in DECODING} | self.generation_settings()
 
     def respond(self, prompt: str, **settings: Any) -> str:

@@ -90,3 +90,16 @@ def test_import_zoo_leaves_the_converters_until_they_are_used():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines() == ["[]", "zoo.hf zoo.gguf.loader zoo.hf"], done.stderr
+
+
+def test_building_a_decoder_leaves_generation_until_it_generates():
+    generation = ("zoo.generation", "zoo.sampling", "zoo.beam_search", "zoo.prompts", "zoo.logits")
+    code = (
+        "import sys, torch, zoo\n"
+        "model = zoo.build_model(zoo.get_config('gpt-tiny'))\n"
+        f"print(sorted(m for m in {generation!r} if m in sys.modules))\n"
+        "out = model.generate(torch.tensor([[1, 2]]), 3, eos_token_id=None)\n"
+        f"print(out.shape[1], sorted(m for m in {generation!r} if m in sys.modules) == sorted({generation!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.splitlines() == ["[]", "5 True"], done.stderr

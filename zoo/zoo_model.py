@@ -5,7 +5,7 @@ what differs between them, are in zoo/models.py."""
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -15,15 +15,15 @@ from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
 from zoo.decoding import Steps
-from zoo.generation import GenerationMixin
 from zoo.kv_cache import Cache, check_kv_dtype
+from zoo.position import position_limit
 from zoo.registry import ConfigError
 from zoo.sublayer import Sublayer
 
 
-class ZooModel(GenerationMixin, nn.Module):
-    """Shared pieces: the token embedding, weight init, caches and generation; and the defaults of
-    what a form declares about itself (each registered form sets its own)."""
+class ZooModel(nn.Module):
+    """Shared pieces: the token embedding, weight init, caches and the door to generation; and the
+    defaults of what a form declares about itself (each registered form sets its own)."""
 
     natural_mask: ClassVar[str] = "bidirectional"  # the main stack's self-attention mask when cfg.mask is None
     cross_attention: ClassVar[bool] = False  # reads a source and a target: decoder blocks attend over the encoder
@@ -96,6 +96,20 @@ class ZooModel(GenerationMixin, nn.Module):
         for module in self.modules():
             if isinstance(module, Attention):
                 module.kv_dtype = kv_dtype
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model's position encodings can number (a learned table ends at
+        its ``max_len``); None when they are unbounded."""
+        return position_limit(self.config)
+
+    def generate(self, input_ids: Any, max_new_tokens: int = 20, **settings: Any) -> Tensor:
+        """Continue ``input_ids`` by up to ``max_new_tokens`` tokens: :func:`zoo.generation.generate`, whose
+        docstring has the settings (sampling, beams, penalties, caching) and the limits. Generation's
+        modules (prompts, sampling, beam search) are imported on the first call, not with the model."""
+        from zoo.generation import generate
+
+        return generate(self, input_ids, max_new_tokens, **settings)
 
     def stacks(self) -> list[Stack]:
         return [m for m in self.children() if isinstance(m, Stack)]
