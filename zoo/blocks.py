@@ -20,10 +20,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.attention import AttentionInputs, CrossAttention, FlexMods, SelfAttention, ValueResidual
+from zoo.attention import AttentionInputs, CrossAttention, SelfAttention, ValueResidual
 from zoo.config import ModelConfig
+from zoo.kernel_inputs import keep_mask, memory_inputs, self_attention_inputs
 from zoo.kv_cache import Cache, LayerCaches
-from zoo.mask import Mask, MaskMod, document_positions
+from zoo.mask import document_positions
 from zoo.norm import Placement, build_norm
 from zoo.position import Position
 from zoo.registry import FFN, MASK, NORM_PLACEMENT, POSITION
@@ -207,31 +208,37 @@ class Stack(nn.Module):
         if position_ids is None:
             position_ids = q_pos if document_ids is None else document_positions(document_ids)  # (T,) or (B, T)
         blocks = list(self.blocks) if layers is None else [self.blocks[i] for i in layers]
+        keep = keep_mask(padding_mask)  # (B, P+T) or (B, keys), or None
+
+        def flex(dense: bool) -> bool:  # every block that runs reads FlexMods (Attention.reads_flex_mods)
+            device, cached = x.device.type, cache is not None
+            return bool(blocks) and all(b.attn.reads_flex_mods(device, cached=cached, dense=dense) for b in blocks)
+
         local, wide = (
-            self._self_attention_inputs(
+            None
+            if mask is None
+            else self_attention_inputs(
                 mask,
-                past,
+                self.position,
                 q_pos,
-                padding_mask,
+                past,
+                keep,
                 prefix_len,
                 document_ids,
                 keys=end if static else None,
-                cached=cache is not None,
+                flex=flex,
                 batch=B,
-                blocks=blocks,
             )
             for mask in (self.mask, self.global_mask if any(self.global_layers) else None)
         )
+        assert local is not None  # a stack always has its own mask
         local.rotary = self.position.rotary(position_ids)
-        local.keep = None if (keep := _padding(padding_mask)) is None else keep[:, q_pos]  # (B, T) new positions
+        local.keep = None if keep is None else keep[:, q_pos]  # (B, T) new positions
         if wide is not None:  # what layers carry (value_residual) is shared; rotary, unless set apart (ModernBERT)
             rotary = self.position.global_rotary(position_ids, local.rotary)
             wide = dataclasses.replace(wide, rotary=rotary, carried=local.carried, keep=local.keep)
-        memory_inputs = None
-        if blocks and blocks[0].cross_attn is not None:
-            keep = _padding(memory_mask)
-            memory_inputs = AttentionInputs(mask=None if keep is None else keep[:, None, None, :])
-        return StackInputs(position_ids, local, wide, memory_inputs)
+        memory = memory_inputs(memory_mask) if blocks and blocks[0].cross_attn is not None else None
+        return StackInputs(position_ids, local, wide, memory)
 
     def run(
         self,
@@ -285,111 +292,3 @@ class Stack(nn.Module):
     def lookbacks(self) -> list[int | None]:
         """Each layer's ``Mask.lookback``: the past positions its KV cache keeps (None: all)."""
         return [None if wide else self.mask.lookback for wide in self.global_layers]
-
-    def _self_attention_inputs(
-        self,
-        mask: Mask | None,
-        past: int | Tensor,
-        q_pos: Tensor,
-        padding_mask: Tensor | None,
-        prefix_len: int | Tensor | None,
-        document_ids: Tensor | None = None,
-        *,
-        keys: int | None = None,
-        cached: bool = False,
-        batch: int = 1,
-        blocks: list[nn.Module] | None = None,
-    ) -> AttentionInputs | None:
-        """The mask (and bias) for queries at ``q_pos`` = P..P+T-1 over keys 0..P+T-1, in the cheapest
-        form the kernel accepts: nothing, ``is_causal``, a boolean mask, or a float bias with -inf;
-        or, where every layer's kernel reads them (``Attention.reads_flex_mods``), FlexMods.
-        ``document_ids`` (B, T) narrow it to each query's own document (``Mask.within_documents``).
-        ``keys``: a static cache's capacity; its slots after a query are masked by the decoder mask's
-        causal part, so the mask is always built (and ``past`` may be a 0-d tensor). ``mask``: the
-        stack's or its global layers' (None: no such layers, no inputs). ``blocks``: those that will read
-        them (default all)."""
-        if mask is None:
-            return None
-        T = q_pos.shape[0]
-        keep = _padding(padding_mask)  # (B, P+T) or (B, keys), or None
-        plain = keep is None and document_ids is None and keys is None
-        dense = not (plain and not self.position.has_bias and (mask.kernel_causal or mask.bidirectional))
-        blocks = list(self.blocks) if blocks is None else blocks
-        device = q_pos.device.type
-        if blocks and all(block.attn.reads_flex_mods(device, cached=cached, dense=dense) for block in blocks):
-            return self._flex_inputs(mask, q_pos, keep, prefix_len, document_ids, batch=batch)
-        if plain and mask.kernel_causal and not self.position.has_bias:  # no mask tensor needed
-            if T == 1:
-                return AttentionInputs()  # one new query may see every key so far
-            if past == 0:
-                return AttentionInputs(is_causal=True)
-        k_pos = torch.arange(past + T if keys is None else keys, device=q_pos.device)  # (P+T,) or (keys,)
-        bias = self.position.bias(q_pos, k_pos)  # (H, T, P+T) or None
-        allowed = mask.allowed(q_pos, k_pos, prefix_len)  # (T, P+T), (B, 1, T, P+T) or None
-        if document_ids is not None:
-            allowed = mask.within_documents(allowed, document_ids)  # (B, 1, T, T)
-        if allowed is None:
-            if bias is None and keep is None:
-                return AttentionInputs()
-            allowed = torch.ones(T, k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
-        if keep is not None:
-            # a padded query keeps its own key, so no row is empty (its output is never used)
-            allowed = (allowed & keep[:, None, None, :]) | (k_pos[None, :] == q_pos[:, None])
-        if bias is None:
-            return AttentionInputs(mask=allowed)
-        return AttentionInputs(mask=bias.masked_fill(~allowed, float("-inf")))
-
-    def _flex_inputs(
-        self,
-        mask: Mask,
-        q_pos: Tensor,
-        keep: Tensor | None,
-        prefix_len: int | Tensor | None,
-        document_ids: Tensor | None,
-        *,
-        batch: int,
-    ) -> AttentionInputs:
-        """What ``_self_attention_inputs`` builds, as FlexMods for a full forward (no cache: queries and
-        keys are positions 0..T-1, so q_idx and kv_idx are positions). The block mask is made here,
-        once per forward, for every layer. On CUDA ``create_block_mask`` is compiled (torch's advice for
-        long sequences: the mask_mod is evaluated block by block); on the CPU it runs eagerly."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        T, device = q_pos.shape[0], q_pos.device
-        mask_mod = mask.mask_mod(prefix_len)
-        if document_ids is not None:
-            mask_mod = mask.documents_mod(mask_mod, document_ids)
-        if keep is not None:
-            mask_mod = _with_padding(mask_mod, keep)
-        block_mask = None
-        if mask_mod is not None:
-            per_row = (
-                keep is not None
-                or document_ids is not None
-                or (isinstance(prefix_len, Tensor) and prefix_len.dim() == 1)
-            )
-            block_mask = create_block_mask(
-                mask_mod, batch if per_row else None, None, T, T, device=device, _compile=device.type == "cuda"
-            )
-        return AttentionInputs(flex=FlexMods(self.position.score_mod(device), block_mask))
-
-
-def _with_padding(mask_mod: MaskMod | None, keep: Tensor) -> MaskMod:
-    """``mask_mod`` and the (B, T) keep-mask, as the dense path combines them: a padded query keeps
-    its own key, so no row is empty (its output is never used)."""
-
-    def padded(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        seen = keep[b, kv_idx] if mask_mod is None else mask_mod(b, h, q_idx, kv_idx) & keep[b, kv_idx]
-        return seen | (kv_idx == q_idx)
-
-    return padded
-
-
-def _padding(mask: Tensor | None) -> Tensor | None:
-    """A (B, L) keep-mask as bool, or None when nothing is padded."""
-    if mask is None:
-        return None
-    mask = mask.bool()
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-        return mask  # no data-dependent branch in a traced graph: the mask path serves both cases
-    return None if bool(mask.all()) else mask
