@@ -71,11 +71,25 @@ def test_duplicate_names_are_errors():
         NORM.register("rmsnorm")(object)
 
 
+def test_a_family_registers_subclasses_of_its_base_only():
+    from zoo.registry import REGISTRIES, Component
+
+    for family, registry in REGISTRIES.items():
+        assert registry.base is not None and issubclass(registry.base, Component), family
+        for name in registry.names():
+            assert issubclass(registry.get(name), registry.base), (family, name)
+    with pytest.raises(TypeError, match="not a subclass of zoo.norm.Norm"):
+        NORM.register("plain_module_test")(nn.Module)
+    with pytest.raises(TypeError, match="not a subclass of zoo.sublayer.FeedForward"):
+        zoo.register("ffn", "a_function_test")(lambda cfg: None)
+    assert "plain_module_test" not in NORM and "a_function_test" not in zoo.registry.FFN
+
+
 def test_a_user_component_plugs_in_by_name():
     registry = zoo.registry.NORM
 
     @zoo.register("norm", "scalenorm_test")
-    class ScaleNorm(nn.Module):  # Nguyen & Salazar 2019: g * x / ||x||
+    class ScaleNorm(zoo.norm.Norm):  # Nguyen & Salazar 2019: g * x / ||x||
         def __init__(self, dim: int, eps: float) -> None:
             super().__init__()
             self.g = nn.Parameter(torch.tensor(dim**0.5))

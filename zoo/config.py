@@ -106,7 +106,7 @@ class ModelConfig:
     def resolved_d_ff(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
-        if getattr(FFN.get(self.ffn, field="ffn"), "gated", False):
+        if FFN.get(self.ffn, field="ffn").gated:
             hidden = int(2 * 4 * self.d_model / 3)
             return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)
         return 4 * self.d_model
@@ -221,9 +221,7 @@ class ModelConfig:
         self._check_sizes()
         self._check_settings_read()
         for component in components:
-            check = getattr(component, "check", None)  # a user's component need not have one
-            if check is not None:
-                check(self)
+            component.check(self)
         self._check_values()
         form.check(self)
         for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):

@@ -19,13 +19,12 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.registry import FFN
-from zoo.sublayer import Sublayer
+from zoo.sublayer import FeedForward
 
 Activation = Callable[[Tensor], Tensor]
 
 
-class MLP(Sublayer):
-    gated: ClassVar[bool] = False  # a GLU: its default width is 2/3 of the plain MLP's (resolved_d_ff)
+class MLP(FeedForward):
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
 
     def __init__(self, d_model: int, d_ff: int, *, act: Activation, bias: bool) -> None:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.position import ScoreMod
-from zoo.registry import ATTENTION, ConfigError
+from zoo.registry import ATTENTION, Component, ConfigError
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -52,7 +52,7 @@ class Scoring(NamedTuple):
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before the mask (attn_softcap)
 
 
-class AttentionKernel:
+class AttentionKernel(Component):
     """Base of the registered attention kernels (``attention=<name>``): softmax(q k^T * scale + mask) v
     over q (B, H, Tq, hd) and k, v (B, KV, Tk, hd), H a multiple of KV; returns (B, H, Tq, hd).
 
@@ -88,6 +88,9 @@ def softcapped(score_mod: ScoreMod | None, cap: float) -> ScoreMod:
         return score if score_mod is None else score_mod(score, b, h, q, kv)
 
     return capped
+
+
+ATTENTION.bind(AttentionKernel)
 
 
 @ATTENTION.register("sdpa")

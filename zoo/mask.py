@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import ModelConfig
-from zoo.registry import MASK, ConfigError
+from zoo.registry import MASK, Component, ConfigError
 from zoo.stack_role import LONE, StackRole
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool, True = attend
@@ -86,7 +86,7 @@ def refuse_half_rules(cls: type, pairs: tuple[tuple[str, str], ...], base: type)
             )
 
 
-class Mask:
+class Mask(Component):
     """Class flags say what the mask is; forms and the stack ask them instead of comparing names."""
 
     causal: ClassVar[bool] = False  # no query sees a key after it (relative position buckets look one way)
@@ -166,6 +166,9 @@ def _across_documents(mask: Mask) -> ValueError:
 
 def _causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
     return kv_idx <= q_idx
+
+
+MASK.bind(Mask)
 
 
 @MASK.register("bidirectional")

@@ -32,7 +32,7 @@ from zoo.kv_cache import Cache
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
 from zoo.stack_role import StackRole
-from zoo.zoo_model import ZooModel
+from zoo.zoo_model import PipelineCut, ZooModel
 
 
 @ARCH.register("encoder")
@@ -41,9 +41,7 @@ class EncoderModel(ZooModel):
 
     attention_kinds = ("encoder self",)
     reads = frozenset({"gelu_approximate"})  # MLMHead's GELU
-    pipeline_stack = "encoder"
-    first_stage_modules = ("embed", "segment")
-    last_stage_modules = ("pooler", "mlm_head")
+    pipeline_cut = PipelineCut("encoder", first=("embed", "segment"), last=("pooler", "mlm_head"))
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -118,8 +116,7 @@ class DecoderModel(ZooModel):
     natural_mask = "causal"
     decoding = DecoderSteps
     attention_kinds = ("decoder self",)
-    pipeline_stack = "decoder"
-    last_stage_modules = ("lm_head",)
+    pipeline_cut = PipelineCut("decoder", last=("lm_head",))
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:

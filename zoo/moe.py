@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from zoo.config import ModelConfig
 from zoo.ffn import SwiGLU
 from zoo.registry import FFN, ConfigError
-from zoo.sublayer import Sublayer
+from zoo.sublayer import FeedForward
 
 
 class ExpertLinear(nn.Module):
@@ -97,7 +97,7 @@ class Experts(nn.Module):
 
 
 @FFN.register("moe")
-class MoE(Sublayer):
+class MoE(FeedForward):
     """Top-k routed SwiGLU experts, dropless, with an optional shared expert (see the module docstring)."""
 
     gated: ClassVar[bool] = True  # its experts are GLUs: d_ff resolves as for swiglu

@@ -19,12 +19,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.registry import NORM, NORM_PLACEMENT, ConfigError
+from zoo.registry import NORM, NORM_PLACEMENT, Component, ConfigError
 from zoo.stack_role import LONE, StackRole
 
 
+class Norm(Component, nn.Module):
+    """The base of every registered norm (the ``norm`` registry takes its subclasses only): made by
+    ``from_config(cfg, dim)`` over the last dimension, ``dim`` wide."""
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, dim: int) -> Norm:
+        raise NotImplementedError(f"{cls.__name__} must define from_config(cfg, dim)")
+
+
+NORM.bind(Norm)
+
+
 @NORM.register("layernorm")
-class LayerNorm(nn.LayerNorm):
+class LayerNorm(Norm, nn.LayerNorm):
     """Ba et al. 2016: (x - mean) / std * weight + bias; the bias follows ``cfg.bias``."""
 
     @classmethod
@@ -33,7 +45,7 @@ class LayerNorm(nn.LayerNorm):
 
 
 @NORM.register("rmsnorm")
-class RMSNorm(nn.Module):
+class RMSNorm(Norm):
     """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
@@ -70,7 +82,7 @@ class RMSNorm1P(RMSNorm):
 
 
 @NORM.register("dyt")
-class DyT(nn.Module):
+class DyT(Norm):
     """Dynamic Tanh, weight * tanh(alpha * x) + bias, in place of a norm: element-wise, no statistics
     over the features; alpha is one learnable scalar that starts at ``cfg.dyt_alpha`` (Zhu et al. 2025,
     "Transformers without Normalization", https://arxiv.org/abs/2503.10622, Algorithm 1). The bias
@@ -118,7 +130,7 @@ def build_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
 Sublayer = Callable[[Tensor], Tensor]
 
 
-class Placement(nn.Module):
+class Placement(Component, nn.Module):
     """Base of the residual wrappers. Class flags say where the stack needs extra norms."""
 
     embedding_norm: ClassVar[bool] = False  # normalise the embeddings before the first block
@@ -148,6 +160,9 @@ class Placement(nn.Module):
         """The factor init multiplies the wrapped sublayer's value weights by (``Sublayer.value_weights``),
         or None: init scales its residual projections down with depth instead (GPT-2)."""
         return None
+
+
+NORM_PLACEMENT.bind(Placement)
 
 
 @NORM_PLACEMENT.register("pre")

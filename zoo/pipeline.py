@@ -6,8 +6,8 @@ are torch's (torch.distributed.pipelining); this module only says what each stag
 
 Stage s of N holds blocks ``stage_layers(L, N)[s]``; the first also holds the token (segment and
 learned position) embeddings and the embedding norm, the last the final norm and the heads (a
-decoder's LM head, an encoder's pooler and MLM head): what the form names in ``pipeline_stack``,
-``first_stage_modules`` and ``last_stage_modules``. Only hidden states (B, T, D) travel between
+decoder's LM head, an encoder's pooler and MLM head): what the form declares in its ``pipeline_cut``
+(``zoo.zoo_model.PipelineCut``). Only hidden states (B, T, D) travel between
 stages: every stage makes the masks, positions and rotary angles of its own blocks from the batch's
 padding mask and document ids, which each stage is given (they are small and the same for all). A
 head tied to the token embedding reads it on the last stage: that stage keeps its own copy of it,
@@ -43,7 +43,7 @@ def stage_layers(n_layers: int, stages: int) -> list[range]:
 
 def check_pipeline(model: ZooModel, stages: int) -> None:
     """Raise ConfigError (one line) for what cannot run as ``stages`` pipeline stages."""
-    if model.pipeline_stack is None:
+    if model.pipeline_cut is None:
         raise ConfigError(
             f"arch={model.config.arch!r}: trainer=pp cuts the blocks of a decoder or an encoder into stages; "
             f"train this form with trainer=ddp, fsdp or tp"
@@ -68,8 +68,9 @@ def check_pipeline(model: ZooModel, stages: int) -> None:
 
 
 def pipeline_stack(model: ZooModel) -> Stack:
-    """The stack whose blocks a form's pipeline stages share out."""
-    return getattr(model, model.pipeline_stack)
+    """The stack whose blocks a form's pipeline stages share out (its ``pipeline_cut``)."""
+    assert model.pipeline_cut is not None, "check_pipeline refuses a form without a pipeline cut"
+    return model.pipeline_cut.of(model)
 
 
 class Stage(nn.Module):
@@ -87,8 +88,9 @@ class Stage(nn.Module):
     def __init__(self, model: ZooModel, index: int, stages: int) -> None:
         super().__init__()
         check_pipeline(model, stages)
-        self.model = model
-        stack = pipeline_stack(model)
+        self.model, cut = model, model.pipeline_cut
+        assert cut is not None  # check_pipeline refused a form without one
+        stack = cut.of(model)
         self.layers = stage_layers(len(stack.blocks), stages)[index]
         self.first, self.last = index == 0, index == stages - 1
         tied = self.last and type(model).ties_head(model.config)  # the last stage's head reads the embedding
@@ -98,12 +100,12 @@ class Stage(nn.Module):
         if not self.first:
             stack.embed_norm = None
             stack.position.requires_grad_(False)  # a learned table is the first stage's
-            for name in model.first_stage_modules:
+            for name in cut.first:
                 if not (name == "embed" and tied):
                     setattr(model, name, None)
         if not self.last:
             stack.final_norm = None
-            for name in model.last_stage_modules:
+            for name in cut.last:
                 setattr(model, name, None)
 
     def copies(self) -> list[nn.Parameter]:

@@ -27,13 +27,13 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.mask import index_grids, over_keys, refuse_half_rules
-from zoo.registry import POSITION, ConfigError
+from zoo.registry import POSITION, Component, ConfigError
 from zoo.rope_scaling import ROPE_SCALINGS, RopeScaling  # noqa: F401  (RopeScaling: named in RoPE's docstring)
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
 
 
-class Position(nn.Module):
+class Position(Component, nn.Module):
     max_len: int | None = None  # longest sequence the encoding can represent (None: unbounded)
     n_heads: int | None = None  # the heads score_mod's h ranges over; a position with a score_mod sets it
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
@@ -94,6 +94,9 @@ class Position(nn.Module):
         zero = torch.zeros((), device=q_pos.device)  # the score the bias is added to
         biased = over_keys(mod(zero, *index_grids(q_pos, k_pos, heads=self.n_heads)), q_pos.shape[0], k_pos.shape[0])
         return biased if biased.dim() == 3 else biased.expand(self.n_heads, *biased.shape[-2:])  # (H, Tq, Tk)
+
+
+POSITION.bind(Position)
 
 
 @POSITION.register("none")

@@ -8,9 +8,14 @@ Register a component of your own with the same decorator the built-ins use::
     import zoo
 
     @zoo.register("norm", "scalenorm")
-    class ScaleNorm(torch.nn.Module):
+    class ScaleNorm(zoo.norm.Norm):
         @classmethod
         def from_config(cls, cfg: zoo.ModelConfig, dim: int) -> "ScaleNorm": ...
+
+A family's registry takes subclasses of its base only (``Registry.bind``: :class:`zoo.norm.Norm`,
+``Placement``, ``Position``, ``Sublayer`` for an FFN, ``AttentionKernel``, ``Mask``, ``ZooModel``), each a
+:class:`Component`: every registered class answers ``check`` and ``reads``, and a wrong class is refused
+when it is registered.
 
 A component that reads a setting only some components read (``rope_base``, ``window``: not the
 sizes or ``norm_eps``, which every model reads) declares it, ``reads = frozenset({"rope_base"})``;
@@ -28,7 +33,10 @@ import difflib
 import fnmatch
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from zoo.config import ModelConfig
 
 T = TypeVar("T")
 
@@ -39,17 +47,41 @@ class ConfigError(ValueError):
     """A model configuration that cannot work. The message names the field and the fix."""
 
 
+class Component:
+    """What every registered component class answers (the base of each family's base class): the
+    settings it reads besides the sizes every model reads (``reads``; see :func:`readers`), and a
+    ``check`` of a config it cannot work with (``ModelConfig.validate`` calls it)."""
+
+    reads: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError for settings this component cannot work with."""
+
+
 class Registry(Generic[T]):
-    """A named family of components. Unknown names fail with the valid names and the closest one."""
+    """A named family of components. Unknown names fail with the valid names and the closest one. A
+    registry bound to a base class (``bind``) registers its subclasses only."""
 
     def __init__(self, family: str) -> None:
         self.family = family
         self._items: dict[str, T] = {}
+        self.base: type | None = None
+
+    def bind(self, base: type) -> None:
+        """Take only subclasses of ``base`` from now on (the family's base class, once it is defined)."""
+        self.base = base
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.family} {name!r} is already registered ({self._items[name]!r})")
+            base = self.base
+            if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
+                raise TypeError(
+                    f"{self.family} {name!r}: {obj!r} is not a subclass of {base.__module__}.{base.__qualname__}; "
+                    f"register a subclass of it"
+                )
             self._items[name] = obj
             return obj
 
@@ -88,16 +120,16 @@ class Registry(Generic[T]):
         return f"Registry({self.family!r}, {self.names()})"
 
 
-NORM: Registry[Any] = Registry("norm")
-NORM_PLACEMENT: Registry[Any] = Registry("norm_placement")
-POSITION: Registry[Any] = Registry("position")
-FFN: Registry[Any] = Registry("ffn")
-ATTENTION: Registry[Any] = Registry("attention")
-MASK: Registry[Any] = Registry("mask")
-ARCH: Registry[Any] = Registry("arch")
-MODELS: Registry[Any] = Registry("model")
+NORM: Registry[type[Component]] = Registry("norm")  # zoo.norm.Norm
+NORM_PLACEMENT: Registry[type[Component]] = Registry("norm_placement")  # zoo.norm.Placement
+POSITION: Registry[type[Component]] = Registry("position")  # zoo.position.Position
+FFN: Registry[type[Component]] = Registry("ffn")  # zoo.sublayer.Sublayer
+ATTENTION: Registry[type[Component]] = Registry("attention")  # zoo.kernels.AttentionKernel
+MASK: Registry[type[Component]] = Registry("mask")  # zoo.mask.Mask
+ARCH: Registry[type[Component]] = Registry("arch")  # zoo.zoo_model.ZooModel
+MODELS: Registry[Callable[[], ModelConfig]] = Registry("model")  # presets: a function returning a config
 
-REGISTRIES: dict[str, Registry[Any]] = {
+REGISTRIES: dict[str, Registry[type[Component]]] = {
     r.family: r for r in (POSITION, NORM, NORM_PLACEMENT, FFN, ATTENTION, MASK, ARCH)
 }
 
@@ -111,12 +143,12 @@ def register(family: str, name: str) -> Callable[[T], T]:
     return REGISTRIES[family].register(name)
 
 
-def reads(component: Any) -> frozenset[str]:
+def reads(component: type[Component]) -> frozenset[str]:
     """The component settings ``component`` reads: ModelConfig fields that only some components of
     a family read (``rope_base``, ``window``...), declared as its ``reads`` class attribute. Sizes and
-    the settings every model reads (``d_model``, ``norm_eps``, ``dropout``...) are not listed. A
-    kernel function or a user's class that declares none reads none."""
-    return getattr(component, "reads", frozenset())  # attention kernels are functions: no base class
+    the settings every model reads (``d_model``, ``norm_eps``, ``dropout``...) are not listed; a class
+    that declares none reads none (:class:`Component`'s default)."""
+    return component.reads
 
 
 def readers() -> dict[str, list[tuple[str, str]]]:

@@ -11,8 +11,10 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from zoo.registry import FFN, Component
 
-class Sublayer(nn.Module):
+
+class Sublayer(Component, nn.Module):
     """A residual branch of a block: :class:`zoo.attention.Attention`, :class:`zoo.ffn.MLP`."""
 
     score_segments: ClassVar[frozenset[str]] = frozenset({"q", "k"})  # rows that only form attention scores
@@ -62,3 +64,13 @@ class Sublayer(nn.Module):
                     weights.append(child.weight[start : start + rows])  # (rows, in)
                 start += rows
         return weights
+
+
+class FeedForward(Sublayer):
+    """The base of every registered FFN (the ``ffn`` registry takes its subclasses only): a dense MLP or
+    GLU (zoo.ffn), or a mixture of experts (zoo.moe)."""
+
+    gated: ClassVar[bool] = False  # a GLU: its default width is 2/3 of the plain MLP's (resolved_d_ff)
+
+
+FFN.bind(FeedForward)

@@ -5,6 +5,7 @@ what differs between them, are in zoo/models.py."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -17,11 +18,28 @@ from zoo.config import ModelConfig
 from zoo.decoding import Steps
 from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.position import position_limit
-from zoo.registry import ConfigError
+from zoo.registry import ARCH, Component, ConfigError
 from zoo.sublayer import Sublayer
 
 
-class ZooModel(nn.Module):
+@dataclass(frozen=True)
+class PipelineCut:
+    """How a form is cut into pipeline stages (zoo.pipeline), declared in one record: ``stack``, the child
+    whose blocks the stages share out; ``first``, the children only the first stage holds (the
+    embeddings); ``last``, those only the last stage holds (the heads). A stage drops the others'."""
+
+    stack: str
+    first: tuple[str, ...] = ("embed",)
+    last: tuple[str, ...] = ()
+
+    def of(self, model: nn.Module) -> Stack:
+        """The stack of ``model`` that this cut shares out."""
+        stack = model.get_submodule(self.stack)
+        assert isinstance(stack, Stack), f"{type(model).__name__}.{self.stack} is not a Stack"
+        return stack
+
+
+class ZooModel(Component, nn.Module):
     """Shared pieces: the token embedding, weight init, caches and the door to generation; and the
     defaults of what a form declares about itself (each registered form sets its own)."""
 
@@ -31,11 +49,7 @@ class ZooModel(nn.Module):
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")  # forward's inputs, by keyword
     attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
-    # trainer=pp (zoo.pipeline): the stack cut into stages (None: the form is not cut), and the modules
-    # that only its first stage (the embeddings) and its last stage (the heads) hold
-    pipeline_stack: ClassVar[str | None] = None
-    first_stage_modules: ClassVar[tuple[str, ...]] = ("embed",)
-    last_stage_modules: ClassVar[tuple[str, ...]] = ()
+    pipeline_cut: ClassVar[PipelineCut | None] = None  # how trainer=pp cuts it (zoo.pipeline); None: it is not cut
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -195,3 +209,6 @@ class ZooModel(nn.Module):
         logits = F.linear(hidden, self.embed.weight) if self.lm_head is None else self.lm_head(hidden)
         cap = self.config.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)  # Gemma 2's final soft-cap
+
+
+ARCH.bind(ZooModel)
