@@ -62,6 +62,9 @@ class ZooTask(L.LightningModule):
     stores), so ``Task.load_from_checkpoint(path)`` rebuilds the model with no conf/ present."""
 
     forms: ClassVar[tuple[str, ...]] = ()  # architecture forms the task can train
+    pipelined: ClassVar[bool] = False  # cuts batches and losses into stages (pipeline_batch, pipeline_loss): trainer=pp
+    chats: ClassVar[bool] = False  # answers a conversation (``chat``): zoo-generate chat=true
+    label_names: list[str] | None = None  # a classifier's, by class index (the model card lists them)
 
     def __init__(
         self,

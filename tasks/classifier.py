@@ -18,6 +18,7 @@ POOLINGS = ("cls", "mean")
 
 class ClassifierTask(ZooTask):
     forms = ("encoder",)
+    pipelined = True
 
     def __init__(
         self,

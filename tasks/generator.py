@@ -19,6 +19,8 @@ from tasks.pipeline import PipelineBatch
 
 class GeneratorTask(ZooTask):
     forms = ("decoder",)
+    pipelined = True
+    chats = True
 
     def __init__(
         self,

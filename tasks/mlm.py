@@ -16,6 +16,7 @@ from tasks.pipeline import PipelineBatch
 
 class MLMTask(ZooTask):
     forms = ("encoder",)
+    pipelined = True
 
     def __init__(
         self,

@@ -105,7 +105,7 @@ class PipelineParallelStrategy(ModelParallelStrategy, ZooStrategy):
     def check_run(cls, *, task: type, optimizer: Any, num_nodes: int) -> None:
         """Refuse, when a run is composed (tasks.cli.checks.check_strategy: before any process starts), a task
         that cannot cut its batches and losses into stages, and more than one node."""
-        if not all(hasattr(task, hook) for hook in cls.task_hooks):
+        if not (isinstance(task, type) and issubclass(task, ZooTask) and task.pipelined):
             raise zoo.ConfigError(
                 f"trainer=pp trains tasks that cut their batches and losses into stages "
                 f"({', '.join(cls.task_hooks)}), such as task=generator, mlm or classifier, not "
@@ -119,7 +119,7 @@ class PipelineParallelStrategy(ModelParallelStrategy, ZooStrategy):
 
     def connect(self, model: Any) -> None:
         """Refuse, in every process and before any of them waits for the others, what cannot be cut."""
-        if not isinstance(model, ZooTask) or not all(hasattr(model, hook) for hook in self.task_hooks):
+        if not (isinstance(model, ZooTask) and model.pipelined):
             raise zoo.ConfigError(
                 f"trainer=pp trains tasks that cut their batches and losses into stages "
                 f"({', '.join(self.task_hooks)}), such as task=generator, mlm or classifier, not "

@@ -66,7 +66,7 @@ def test_plugins_register_through_entry_points(tmp_path, monkeypatch):
     (tmp_path / "zoo_test_plugin.py").write_text(
         "import torch, zoo\n"
         "@zoo.register('ffn', 'plugin_ffn')\n"
-        "class PluginFFN(torch.nn.Module):\n"
+        "class PluginFFN(zoo.sublayer.FeedForward):\n"
         "    @classmethod\n"
         "    def from_config(cls, cfg):\n"
         "        return cls()\n"

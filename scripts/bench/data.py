@@ -36,6 +36,9 @@ For each size, one at a time (the corpus built just before, and removed with its
    overrides), ``instantiate(cfg.data)``, ``setup("fit")`` from the cache of step 1, then
    ``train_dataloader()`` iterated for --batches batches after one untimed: tokens per second of
    ``input_ids`` delivered.
+3. The tokenizer alone, the bound of preparation: the run's tokenizer encoding the corpus' first 16 MB
+   in its thread pool (``encode_batch``), as lines (what a .txt file's records are) and as whole files,
+   in MB/s per core.
 
 Derived: preparation time = the first run's start minus the second's (both import, compose and build
 the same; the first also trains the tokenizer and writes the map); preparation MB/s per core = corpus MB
@@ -80,6 +83,7 @@ HEADROOM = 256 * MB  # runs, checkpoints, logs
 POLL_S = 0.1
 START_LINE = "Parameters:"  # tasks.callbacks.ModelSummary, printed when fitting starts
 QUICK = ["data.vocab_size=512", "data.seq_len=32", "model.d_model=32", "model.n_heads=2"]
+TOKENIZER_BYTES = 16 * MB  # of a corpus' text the tokenizer alone is timed on
 GOALS = {"rss_ratio": 1.10, "prepare_mb_per_s_per_core": 5.0, "loader_tokens_per_s": 5_000_000, "start_s": 10.0}
 
 
@@ -297,7 +301,29 @@ def loader_speed(corpus: Path, cache: Path, overrides: list[str], batches: int) 
         "cached_setup_s": round(setup_s, 3),
         "loader_batches": batches_seen,
         "loader_tokens_per_s": round(tokens / seconds) if seconds > 0 else None,
+        **tokenizer_speed(corpus, datamodule.tokenizer),
     }
+
+
+def tokenizer_speed(corpus: Path, tokenizer: Any, most: int = TOKENIZER_BYTES) -> dict[str, Any]:
+    """The bound of preparation: MB/s per core at which the run's tokenizer alone encodes the corpus'
+    first files (up to ``most`` bytes), in its thread pool (``encode_batch``), as the lines that the
+    default run reads and as whole files; nothing else runs meanwhile."""
+    from tasks.data.prepared import encode_fast
+
+    texts, size = [], 0
+    for file in sorted(corpus.glob("*.txt")):
+        if size >= most:
+            break
+        texts.append(file.read_text(encoding="utf-8"))
+        size += len(texts[-1].encode("utf-8"))
+    cores, rates = len(os.sched_getaffinity(0)), {}
+    for name, items in (("lines", [line for text in texts for line in text.split("\n")]), ("files", texts)):
+        started = time.perf_counter()
+        for i in range(0, len(items), 4096):
+            encode_fast(tokenizer, items[i : i + 4096])
+        rates[f"tokenizer_{name}_mb_per_s_per_core"] = round(size / MB / (time.perf_counter() - started) / cores, 2)
+    return rates
 
 
 def last_line(error: BaseException) -> str:
@@ -438,6 +464,11 @@ def report(rows: list[dict[str, Any]]) -> None:
         rate is not None and rate >= GOALS["prepare_mb_per_s_per_core"],
         f">= {GOALS['prepare_mb_per_s_per_core']:g}",
     )
+    if large.get("tokenizer_lines_mb_per_s_per_core") is not None:
+        print(
+            f"  the tokenizer alone, the bound of preparation: {large['tokenizer_lines_mb_per_s_per_core']} MB/s "
+            f"per core by line, {large['tokenizer_files_mb_per_s_per_core']} by whole file"
+        )
     speeds = [r["loader_tokens_per_s"] for r in good if r.get("loader_tokens_per_s")]
     goal(
         "loader tokens/s, the slowest size",

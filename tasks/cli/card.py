@@ -36,7 +36,7 @@ def model_card(
         section("Data", data_lines(task, checkpoint, config)),
         section("Training", training_lines(task, checkpoint, config)),
     ]
-    labels = getattr(task, "label_names", None)
+    labels = task.label_names
     if labels:
         sections.append(section("Labels", [f"{i}: `{label}`" for i, label in enumerate(labels)]))
     sections += [

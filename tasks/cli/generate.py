@@ -111,7 +111,7 @@ def main(cfg: DictConfig) -> str:
 def converse(task: ZooTask, cfg: DictConfig) -> str:
     """chat=true: the model's reply to ``prompt=`` as one user turn; without a prompt, a conversation read
     from the terminal turn by turn (each reply sees the ones before), until Ctrl-D, an empty line or /exit."""
-    if not hasattr(task, "chat"):
+    if not task.chats:
         raise UserError(f"chat=true is for generators (a decoder); {cfg.ckpt_path} is a {type(task).__name__}")
     settings = settings_of(task, cfg) | {"origin": str(cfg.ckpt_path)}
     if not (OmegaConf.is_missing(cfg, "prompt") or literal(cfg, "prompt") is None):
