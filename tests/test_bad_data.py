@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import tasks.data.files as files
+import tasks.data.text_files as text_files
 from tasks.data.sources import load_records
 from tasks.data.tokenizers import load_or_train, train_tokenizer
 from tasks.errors import DataError
@@ -96,13 +96,13 @@ def test_a_50_mb_line_becomes_bounded_records_that_join_back(tmp_path):
     text = "lorem ipsum dolor sit amet " * (50 * 2**20 // 27)  # ~50 MB and not one line break
     (tmp_path / "one_line.txt").write_text(text)
     pieces = [r["text"] for r in _local(tmp_path / "one_line.txt")]
-    assert len(pieces) >= 50 and max(map(len, pieces)) <= files.MAX_RECORD_CHARS
+    assert len(pieces) >= 50 and max(map(len, pieces)) <= text_files.MAX_RECORD_CHARS
     assert "".join(pieces) == text
 
 
 def test_lines_split_like_before_and_long_ones_are_cut_after_a_space(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "MAX_RECORD_CHARS", 16)
-    monkeypatch.setattr(files, "CHUNK_BYTES", 5)  # line breaks and characters across chunk borders
+    monkeypatch.setattr(text_files, "MAX_RECORD_CHARS", 16)
+    monkeypatch.setattr(text_files, "CHUNK_BYTES", 5)  # line breaks and characters across chunk borders
     long = "wörd " * 10
     (tmp_path / "a.txt").write_bytes(f"first\r\n\r\nsecond\rthird\n{long}\nlast".encode())
     records = _local(tmp_path / "a.txt")

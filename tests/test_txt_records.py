@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import tasks.data.files as files
+import tasks.data.text_files as text_files
 from tasks.data.loading import ShuffledBatchSampler, _mix
 from tasks.data.prepared import joined
 from tasks.data.sources import load_records
@@ -25,7 +26,7 @@ def _local(path: Path, **args: str) -> list[dict]:
 @pytest.fixture(params=[1 << 20, 3], ids=["whole", "3-byte chunks"])
 def chunked(request, monkeypatch):
     """Read files in chunks of this many bytes: breaks and blank lines across chunk borders."""
-    monkeypatch.setattr(files, "CHUNK_BYTES", request.param)
+    monkeypatch.setattr(text_files, "CHUNK_BYTES", request.param)
 
 
 def test_a_document_is_a_file_with_its_line_breaks_and_one_group(tmp_path, chunked):
@@ -38,7 +39,7 @@ def test_a_document_is_a_file_with_its_line_breaks_and_one_group(tmp_path, chunk
 
 
 def test_a_long_document_is_cut_at_line_ends_into_pieces_of_one_split(tmp_path, monkeypatch, chunked):
-    monkeypatch.setattr(files, "MAX_RECORD_CHARS", 12)
+    monkeypatch.setattr(text_files, "MAX_RECORD_CHARS", 12)
     text = "".join(f"line {i}\n" for i in range(20))
     (tmp_path / "long.txt").write_text(text)
     records = _local(tmp_path / "long.txt", sample_by="document")
@@ -100,7 +101,7 @@ def test_joined_ids_are_the_rows_one_after_the_other(end):
 def test_a_tokenizers_sample_of_a_large_txt_corpus_reads_seeded_windows_of_whole_lines(tmp_path, monkeypatch):
     from tasks.data import LMDataModule
 
-    monkeypatch.setattr(files, "WINDOW_BYTES", 64)
+    monkeypatch.setattr(text_files, "WINDOW_BYTES", 64)
     lines = [f"line {i} " + "x" * (i % 13) for i in range(3000)]
     for part in range(3):
         (tmp_path / f"part{part}.txt").write_text("\r\n".join(lines[part::3]) + "\r\n")

@@ -9,27 +9,17 @@ import errno
 import itertools
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from tasks.data.prepared import unit
+from tasks.data.text_files import SAMPLES_BY, decode, decoded, open_data, row_text, text_records, windows
 from tasks.errors import DataError
 
 # ---- local files ---------------------------------------------------------------------------------
 READERS = {".txt": "text", ".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """Data file suffix -> how it is read: .txt by zoo (line by line), the others by HF ``datasets``."""
 DATA_TYPES = ", ".join(READERS)
-MAX_RECORD_CHARS = 1 << 20
-"""A longer line (paragraph, file) of a .txt file becomes several records of at most this many characters."""
-SAMPLES_BY = ("line", "paragraph", "document")
-PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line break, then blank (or whitespace-only) lines
-"""How a .txt file becomes records (``data.source_args.sample_by``), as HF datasets' text reader: each
-line; each paragraph (lines up to a blank one, joined by \\n); each file, its pieces kept in one split."""
-CHUNK_BYTES = 1 << 20  # .txt files are read this much at a time
-WINDOW_BYTES = 1 << 18  # the part of a .txt file one draw of a tokenizer's sample reads (``text_windows``)
 HEAD_BYTES = 1 << 13  # how much of a csv/json/parquet file is checked before HF datasets reads it
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # writing HF datasets' cache failed
 
@@ -69,7 +59,7 @@ def iter_local_records(path: str | Path, sample_by: str = "line", **fields: str)
         _check_head(file, reader)
     origin = str(files[0]) if len(files) == 1 else f"the {len(files)} {reader} files of {path}"
     if reader == "text":
-        records = _text_records(files, Path(path).expanduser(), sample_by)
+        records = text_records(files, Path(path).expanduser(), sample_by)
         return _iter_records(records, ["text"], fields, origin, keyed=True)
     dataset = _read_with_datasets(reader, files)
     return _iter_records(dataset, dataset.column_names, fields, origin)
@@ -82,26 +72,7 @@ def text_windows(path: str | Path, sample_by: str = "line", **_: Any) -> Callabl
     files = _data_files(Path(path).expanduser(), f"data.source_args.path={path}")
     if READERS[files[0].suffix.lower()] != "text":
         return None
-    return lambda share, seed: _windows(files, sample_by, share, seed)
-
-
-def _windows(files: list[Path], sample_by: str, share: float, seed: int) -> Iterator[str]:
-    """Each window (``WINDOW_BYTES`` at a multiple of it) of ``files`` with probability ``share``, by a
-    hash of (seed, file, offset), its whole lines only (line breaks made \\n): by line, each line; else
-    the window's text."""
-    for file in files:
-        size = file.stat().st_size
-        with _open(file) as f:
-            for offset in range(0, size, WINDOW_BYTES):
-                if unit(seed, f"{file.name}:{offset}") >= share:
-                    continue
-                f.seek(offset)
-                data = f.read(WINDOW_BYTES)
-                first = 0 if offset == 0 else data.find(b"\n") + 1
-                last = len(data) if offset + len(data) >= size else data.rfind(b"\n") + 1
-                text = data[first:last].decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
-                if first < last:
-                    yield from (filter(None, text.split("\n")) if sample_by == "line" else [text])
+    return lambda share, seed: windows(files, sample_by, share, seed)
 
 
 def local_size(path: str | Path) -> int:
@@ -177,138 +148,15 @@ def _some(names: Iterable[str], shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _open(file: Path) -> BinaryIO:
-    try:
-        return file.open("rb")
-    except OSError as error:
-        raise DataError(f"{file}: cannot read it ({error.strerror}); fix its permissions or move it out") from None
-
-
 def _check_head(file: Path, reader: str) -> None:
     """Refuse a file that is plainly not of its type: binary or non-UTF-8 text, or parquet without PAR1."""
-    with _open(file) as f:
+    with open_data(file) as f:
         head = f.read(HEAD_BYTES)
     if reader == "parquet":
         if not head.startswith(b"PAR1"):
             raise DataError(f"{file}: not a parquet file (it does not start with PAR1); convert it or rename it")
         return
-    _decode(file, codecs.getincrementaldecoder("utf-8")(), head, 0, final=len(head) < HEAD_BYTES)
-
-
-def _decode(file: Path, decoder: codecs.IncrementalDecoder, chunk: bytes, offset: int, *, final: bool) -> str:
-    """``chunk`` (read at byte ``offset``) as UTF-8 text; a DataError at a NUL byte or a non-UTF-8 byte."""
-    nul = chunk.find(b"\x00")
-    if nul >= 0:
-        raise DataError(
-            f"{file}: a NUL byte at byte {offset + nul}: a binary (or UTF-16) file, not UTF-8 text; "
-            f"remove it or save it as UTF-8 text"
-        )
-    pending = len(decoder.getstate()[0])  # bytes of a character begun in the previous chunk
-    try:
-        return decoder.decode(chunk, final)
-    except UnicodeDecodeError as error:
-        at = offset - pending + error.start
-        raise DataError(
-            f"{file}: byte {at} (0x{error.object[error.start]:02x}) is not UTF-8 text; save the file "
-            f"as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it"
-        ) from None
-
-
-def _decoded(file: Path) -> Iterator[str]:
-    """The text of a UTF-8 file, read CHUNK_BYTES at a time (a leading byte order mark dropped)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0
-    with _open(file) as f:
-        while chunk := f.read(CHUNK_BYTES):
-            text = _decode(file, decoder, chunk, offset, final=False)
-            yield text.removeprefix("\ufeff") if offset == 0 else text
-            offset += len(chunk)
-        yield _decode(file, decoder, b"", offset, final=True)
-
-
-def _lines(file: Path) -> Iterator[str]:
-    """Lines of a text file split at \\n, \\r\\n or \\r (as HF datasets' text reader does), in bounded
-    memory: a line longer than MAX_RECORD_CHARS comes out in pieces as it is read."""
-    rest = ""
-    for text in _decoded(file):
-        text = rest + text
-        held = "\r" if text.endswith("\r") else ""  # maybe the first half of \r\n
-        *lines, rest = text.removesuffix(held).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        for line in lines:
-            pieces, last = _cut(line)
-            yield from pieces
-            yield last
-        pieces, rest = _cut(rest)
-        yield from pieces
-        rest += held
-    if rest:  # a last line without a line break, or an empty one ended by \r
-        yield rest.removesuffix("\r")
-
-
-def _cut(text: str) -> tuple[list[str], str]:
-    """``text`` cut into pieces of at most MAX_RECORD_CHARS characters (after a space in the second half
-    of a piece where there is one): the full pieces, and the rest (no longer than a piece)."""
-    limit, start, pieces = MAX_RECORD_CHARS, 0, []
-    while len(text) - start > limit:
-        cut = text.rfind(" ", start + limit // 2, start + limit) + 1 or start + limit
-        pieces.append(text[start:cut])
-        start = cut
-    return pieces, text[start:]
-
-
-def _text_records(files: list[Path], root: Path, sample_by: str) -> Iterator[dict[str, Any]]:
-    """The records of .txt ``files``: {text, key}, keyed by the text and its place as any row is
-    (``_row_text``); by document {text, key, group}, keyed by the file (under ``root``) and piece, a
-    group a file, so that a file lies in one split."""
-    if sample_by == "document":
-        for file in files:
-            name = str(file.relative_to(root)) if file != root else file.name
-            for piece, text in enumerate(_texts(file, None)):
-                yield {"text": text, "key": f"{name}#{piece}", "group": name}
-        return
-    texts = (t for f in files for t in (_lines(f) if sample_by == "line" else _texts(f, PARAGRAPH_BREAK)))
-    for i, text in enumerate(texts):
-        yield {"text": text, "key": _row_text({"text": text[:200]})[:200] + f"#{i}"}
-
-
-def _texts(file: Path, between: re.Pattern[str] | None) -> Iterator[str]:
-    """The text of ``file`` (line breaks made \\n) in pieces: split where ``between`` matches (the
-    match dropped; empty pieces skipped), or whole (None); a piece longer than MAX_RECORD_CHARS cut
-    after a line break or a space in its second half where there is one. In bounded memory."""
-    rest, held = "", ""
-    for text in _decoded(file):
-        text = held + text
-        held = "\r" if text.endswith("\r") else ""  # maybe the first half of \r\n
-        rest += text.removesuffix(held).replace("\r\n", "\n").replace("\r", "\n")
-        if between is not None:  # a break that ends the text may go on in the next chunk: kept
-            end = len(rest.rstrip())
-            *done, last = between.split(rest[:end])
-            rest = last + rest[end:]
-            for piece in done:
-                yield from _cut_at_lines(piece) if piece.strip() else ()
-        while len(rest) > MAX_RECORD_CHARS:
-            piece, rest = _first_piece(rest)
-            yield piece
-    rest += "\n" if held else ""
-    if between is None or rest.strip():
-        yield from _cut_at_lines(rest.rstrip("\n") if between is not None else rest)
-
-
-def _first_piece(text: str) -> tuple[str, str]:
-    """The first MAX_RECORD_CHARS characters of ``text`` or fewer, cut after a line break or a space in
-    their second half where there is one; and the rest."""
-    limit = MAX_RECORD_CHARS
-    cut = text.rfind("\n", limit // 2, limit) + 1 or text.rfind(" ", limit // 2, limit) + 1 or limit
-    return text[:cut], text[cut:]
-
-
-def _cut_at_lines(text: str) -> list[str]:
-    """``text`` in pieces of at most MAX_RECORD_CHARS characters (``_first_piece``); none when empty."""
-    pieces = []
-    while len(text) > MAX_RECORD_CHARS:
-        piece, text = _first_piece(text)
-        pieces.append(piece)
-    return [*pieces, text] if text else pieces
+    decode(file, codecs.getincrementaldecoder("utf-8")(), head, 0, final=len(head) < HEAD_BYTES)
 
 
 def _read_with_datasets(reader: str, files: list[Path]) -> Any:
@@ -347,7 +195,7 @@ def _diagnose(reader: str, file: Path, *, alone: bool) -> None:
     """Raise a DataError naming what is wrong with ``file``, if this finds it: not UTF-8, a JSON line
     that does not parse, or (``alone``) a file HF datasets cannot read by itself."""
     if reader in ("csv", "json"):
-        for _ in _decoded(file):
+        for _ in decoded(file):
             pass
     if reader == "json":
         _check_json(file)
@@ -446,15 +294,8 @@ def _renamed(rows: Iterable[dict[str, Any]], fields: dict[str, str]) -> Iterator
     for i, row in enumerate(rows):
         record = {ours: row[theirs] for ours, theirs in fields.items()} if fields else dict(row)
         if "key" not in record:
-            record["key"] = _row_text(row)[:200] + f"#{i}"
+            record["key"] = row_text(row)[:200] + f"#{i}"
         yield record
-
-
-def _row_text(row: dict[str, Any]) -> str:
-    """``json.dumps(row, sort_keys=True, default=str)``, a line of a .txt file's ({"text": line}) at C speed."""
-    if len(row) == 1 and isinstance(text := row.get("text"), str):
-        return '{"text": ' + encode_basestring_ascii(text) + "}"
-    return json.dumps(row, sort_keys=True, default=str)
 
 
 # ---- the hub -----------------------------------------------------------------------------------

@@ -22,9 +22,10 @@ from torch.utils.data import Dataset
 
 from tasks.data.columns import ColumnDataset
 from tasks.data.loading import ListDataset
-from tasks.data.prepared import SplitTokens, TokenBlocks, TokenDocuments, encode_fast, joined
+from tasks.data.prepared import encode_fast, joined
 from tasks.data.settings import LMData, MLMData
 from tasks.data.text_module import PreparedDataModule, TextDataModule
+from tasks.data.token_files import SplitTokens, TokenBlocks, TokenDocuments
 from tasks.data.tokenizers import Specials, added_around, with_cls_sep
 from tasks.errors import DataError
 

@@ -35,7 +35,6 @@ from tasks.data.loading import (
 )
 from tasks.data.prepared import (
     Corpus,
-    SplitTokens,
     cache_root,
     cached_tokenizer,
     encode_fast,
@@ -52,6 +51,7 @@ from tasks.data.sources import (
     split_of,
     stream_records,
 )
+from tasks.data.token_files import SplitTokens
 from tasks.data.tokenizers import Specials, added_around, load_or_train, misplaced_specials, train_tokenizer
 from tasks.errors import DataError
 

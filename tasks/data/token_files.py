@@ -1,0 +1,130 @@
+"""A prepared corpus' splits as files of token ids, and how training reads them: ``SplitTokens`` names a
+split's files (its ids, ``uint16`` or ``uint32``, and the ``int64`` end of each document); ``TokenBlocks``
+(language modelling) and ``TokenDocuments`` (masked LM) read a batch's ids with ``os.pread``
+(``IdReader``), so that a process holds its batches and no page of the corpus."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from tasks.errors import DataError
+
+
+@dataclass(frozen=True)
+class SplitTokens:
+    """One split of a prepared corpus: ``tokens`` ids in ``ids`` (of ``dtype``), and the end offset of
+    each of its ``documents`` in ``ends``."""
+
+    ids: Path
+    ends: Path
+    dtype: str
+    tokens: int
+    documents: int
+
+    def read_ids(self) -> np.ndarray:
+        """The ids as a read-only memory map (an empty array for an empty split)."""
+        if self.tokens == 0:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.ids, dtype=self.dtype, mode="r", shape=(self.tokens,))
+
+    def read_ends(self) -> np.ndarray:
+        if self.documents == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.memmap(self.ends, dtype=np.int64, mode="r", shape=(self.documents,))
+
+
+class IdReader:
+    """Reads ids of a split's file with ``os.pread``: the process holds what it asked for and nothing else
+    (pages of a memory map it touched would count in its resident memory, read-ahead included, and grow
+    with the corpus over a run). The file is opened in each process that reads it (a DataLoader worker
+    gets the path, not an open file)."""
+
+    def __init__(self, split: SplitTokens) -> None:
+        self.split, self.width = split, np.dtype(split.dtype).itemsize
+        self._fd: int | None = None
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` ids from id ``start`` on, as int64."""
+        if self._fd is None:
+            self._fd = os.open(self.split.ids, os.O_RDONLY)
+        data = os.pread(self._fd, count * self.width, start * self.width)
+        if len(data) != count * self.width:
+            raise DataError(
+                f"{self.split.ids}: the prepared ids end before id {start + count} (the file was cut); remove "
+                f"its folder from the cache to prepare the corpus again"
+            )
+        return np.frombuffer(data, dtype=self.split.dtype).astype(np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+class TokenBlocks(Dataset):
+    """Blocks of ``block`` consecutive ids of a prepared split, block i at ids[i*block : (i+1)*block]
+    (what is left after the last full block is not used), each read from the split's file when asked
+    for (:class:`IdReader`)."""
+
+    lengths = None  # all blocks are full: no bucketing
+
+    def __init__(self, split: SplitTokens, block: int) -> None:
+        self.split, self.block = split, block
+        self.reader = IdReader(split)
+
+    def __len__(self) -> int:
+        return self.split.tokens // self.block
+
+    def __getitem__(self, i: int) -> Tensor:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"block {i} of {len(self)}")
+        return torch.from_numpy(self.reader.read(i % len(self) * self.block, self.block))
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        """A batch's blocks (the DataLoader asks for a batch at once)."""
+        return [self[i] for i in indices]
+
+    @property
+    def items(self) -> Tensor:
+        """Every block, (n, block), read whole into memory: for looking at a small split."""
+        n = len(self)
+        return torch.from_numpy(np.asarray(self.split.read_ids()[: n * self.block], dtype=np.int64)).view(n, self.block)
+
+
+class TokenDocuments(Dataset):
+    """The documents of a prepared split with more than ``longer_than`` ids, each a list of its ids read
+    from the split's file when asked for; ``lengths`` (for bucketing) from the split's document ends,
+    nothing else held in memory."""
+
+    def __init__(self, split: SplitTokens, longer_than: int = 0) -> None:
+        self.split = split
+        ends = np.asarray(split.read_ends())
+        starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1]])
+        keep = np.flatnonzero(ends - starts > longer_than)
+        self.starts, self.ends = starts[keep], ends[keep]
+        self.lengths = (self.ends - self.starts).tolist()
+        self.reader = IdReader(split)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> list[int]:
+        start = int(self.starts[i])
+        return self.reader.read(start, int(self.ends[i]) - start).tolist()
+
+    @property
+    def items(self) -> list[list[int]]:
+        """Every document's ids: for looking at a small split."""
+        return [self[i] for i in range(len(self))]
