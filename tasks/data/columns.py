@@ -19,25 +19,37 @@ def id_width(vocab_size: int) -> type[np.unsignedinteger]:
 
 
 class Ragged:
-    """Sequences of ids of different lengths in one array (``ids``) with the end of each (``ends``),
-    built from batches of sequences (lists of lists) one batch at a time."""
+    """Sequences of ids of different lengths, built from batches of sequences (lists of lists) one batch
+    at a time: each batch's ids in one array (a sequence never spans two), with the end of each sequence
+    counted over all of them (``ends``). The batches' arrays are kept as they are, never joined: building
+    holds the ids once, not twice."""
 
     def __init__(self, batches: Iterable[list[list[int]]], width: type[np.unsignedinteger]) -> None:
-        chunks, lengths = [], []
+        self.chunks, lengths, self.width = [], [], width
         for batch in batches:
             sizes = [len(seq) for seq in batch]
-            chunks.append(np.fromiter(itertools.chain.from_iterable(batch), dtype=width, count=sum(sizes)))
+            self.chunks.append(np.fromiter(itertools.chain.from_iterable(batch), dtype=width, count=sum(sizes)))
             lengths += sizes
-        self.ids = np.concatenate(chunks) if chunks else np.zeros(0, dtype=width)
         self.ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+        self.firsts = np.cumsum([0] + [len(c) for c in self.chunks[:-1]], dtype=np.int64)  # each chunk's first id
         self.lengths: list[int] = lengths
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.width)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(chunk.nbytes for chunk in self.chunks)
 
     def __len__(self) -> int:
         return len(self.ends)
 
     def __getitem__(self, i: int) -> list[int]:
-        start = int(self.ends[i - 1]) if i > 0 else 0
-        return self.ids[start : int(self.ends[i])].tolist()
+        start, end = int(self.ends[i - 1]) if i > 0 else 0, int(self.ends[i])
+        chunk = int(np.searchsorted(self.firsts, start, side="right")) - 1
+        first = int(self.firsts[chunk])
+        return self.chunks[chunk][start - first : end - first].tolist()
 
 
 class ColumnDataset(Dataset):

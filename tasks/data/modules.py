@@ -10,7 +10,7 @@ each batch only to its longest sequence and group sequences of similar length (b
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from tasks.data.columns import ColumnDataset
 from tasks.data.loading import ListDataset
 from tasks.data.prepared import encode_fast, joined
-from tasks.data.settings import LMData, MLMData
+from tasks.data.settings import LMData, MLMData, TranslationData
 from tasks.data.text_module import PreparedDataModule, TextDataModule
 from tasks.data.token_files import SplitTokens, TokenBlocks, TokenDocuments
 from tasks.data.tokenizers import Specials, added_around, with_cls_sep
@@ -113,7 +113,7 @@ class LMDataModule(PreparedDataModule):
             raise self.no_block(name, split.tokens)
         return blocks
 
-    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
         """The blocks of ``records`` built in memory (``setup`` reads them from the prepared map)."""
         ids: list[int] = []
         for record in records:
@@ -150,14 +150,22 @@ class ClassificationDataModule(TextDataModule):
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
-    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
-        """(ids, label) examples, the ids held compactly (tasks/data/columns.py)."""
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+        """(ids, label) examples, the ids held compactly (tasks/data/columns.py); records of a label the
+        training split lacks are left out. One pass over ``records`` (two for the training split)."""
         if split == "train":
             self.label_names = sorted({str(r["label"]) for r in records})
         index = {name: i for i, name in enumerate(self.label_names)}
-        kept = [r for r in records if str(r["label"]) in index]
-        ids = self.encoded(r["text"] for r in kept)
-        return ColumnDataset((ids, [index[str(r["label"])] for r in kept]), ids.lengths)
+        labels: list[int] = []
+
+        def texts() -> Iterator[str]:
+            for record in records:
+                if (label := index.get(str(record["label"]))) is not None:
+                    labels.append(label)
+                    yield record["text"]
+
+        ids = self.encoded(texts())
+        return ColumnDataset((ids, labels), ids.lengths)
 
     def collate(self, batch: list[tuple[list[int], int]]) -> dict[str, Tensor]:
         seqs = [ids for ids, _ in batch]
@@ -189,7 +197,7 @@ class MLMDataModule(PreparedDataModule):
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
-    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
         """The documents of ``records`` in memory (``setup`` reads them from the prepared map)."""
         items = [ids for r in records if len(ids := self.encode(r["text"])) > MIN_TOKENS]
         return ListDataset(items, [len(ids) for ids in items])
@@ -241,18 +249,21 @@ class TranslationDataModule(TextDataModule):
     one eos. A tokenizer without a pad token pads with its eos (see ``use_tokenizer``)."""
 
     tokenizer_kind = "unigram"
+    Settings = TranslationData
     fields = ("source", "target")
     needs = ("eos",)
 
     def texts(self, record: dict[str, Any]) -> list[str]:
         return [record["source"], record["target"]]
 
-    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
-        """(source ids, target ids, target text) examples, the ids held compactly (tasks/data/columns.py)."""
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+        """(source ids, target ids, target text) examples, the ids held compactly (tasks/data/columns.py);
+        the target texts are kept as the references a score reads. Two passes over ``records``."""
         sources = self.encoded((r["source"] for r in records), ended=True)
-        targets = self.encoded((r["target"] for r in records), ended=True)
+        references = [r["target"] for r in records]
+        targets = self.encoded(references, ended=True)
         lengths = [s + t for s, t in zip(sources.lengths, targets.lengths, strict=True)]
-        return ColumnDataset((sources, targets, [r["target"] for r in records]), lengths)
+        return ColumnDataset((sources, targets, references), lengths)
 
     def collate(self, batch: list[tuple[list[int], list[int], str]]) -> dict[str, Any]:
         sources, targets = [s for s, _, _ in batch], [t for _, t, _ in batch]

@@ -145,7 +145,7 @@ class Corpus:
     def _train_texts(self, share: float, seed: int) -> Iterator[str]:
         """The texts of the training split's records, each record with probability ``share``."""
         for split, record in self.records():
-            if split != "train" or unit(seed, str(record["key"])) >= share:
+            if split != "train" or (share < 1.0 and unit(seed, str(record["key"])) >= share):
                 continue
             for text in self.texts(record):
                 if isinstance(text, str):  # else refused with its record's place when the corpus is tokenized

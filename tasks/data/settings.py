@@ -24,6 +24,7 @@ class TextData:
     max_records: int | None = None
     num_workers: int = 0
     seed: int = 0
+    tokenizer_sample_mb: float = 64.0  # MB of the training split's text the tokenizer is trained on, at most
 
 
 @dataclass(kw_only=True)
@@ -31,7 +32,6 @@ class PreparedData(TextData):
     """A corpus tokenized once into the cache (``PreparedDataModule``)."""
 
     cache_dir: str | None = None
-    tokenizer_sample_mb: float = 64.0  # MB of text the tokenizer is trained on
 
 
 @dataclass(kw_only=True)
@@ -44,10 +44,19 @@ class MLMData(PreparedData):
     mask_prob: float = 0.15
 
 
+@dataclass(kw_only=True)
+class TranslationData(TextData):
+    """A translator's: its unigram tokenizer trains on at most 4 MB of text (HF's unigram trainer takes about
+    100 MB of memory and 4 s per MB of text on 2 cores, ``scripts/bench/records.py --task translator``;
+    the shipped data, up to 3 MB, is read whole). Raise it for a larger vocabulary, at that cost."""
+
+    tokenizer_sample_mb: float = 4.0
+
+
 SETTINGS: dict[str, type[TextData]] = {
     "LMDataModule": LMData,
     "ClassificationDataModule": TextData,
     "MLMDataModule": MLMData,
-    "TranslationDataModule": TextData,
+    "TranslationDataModule": TranslationData,
 }
 """Each data module's settings by the module's name (``DATA_MODULES``; a test keeps the two alike)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 import typing
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -58,6 +59,16 @@ from tasks.errors import DataError
 ENCODE_BATCH = 1024  # texts encoded in one call of the tokenizer's thread pool (``encoded``)
 
 
+class SplitRecords:
+    """The records of one split of a streamed source, read from the source again on each iteration."""
+
+    def __init__(self, records: Callable[[], Iterator[tuple[str, dict[str, Any]]]], split: str) -> None:
+        self.records, self.split = records, split
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (record for split, record in self.records() if split == self.split)
+
+
 class TextDataModule(L.LightningDataModule):
     """The tokenizer is zoo's own (trained, or loaded from data.tokenizer_path), or another handed in
     with ``use_tokenizer`` before setup; ``specials`` says where its special tokens are."""
@@ -77,6 +88,10 @@ class TextDataModule(L.LightningDataModule):
         self.vocab_size, self.seq_len, self.batch_size = given.vocab_size, given.seq_len, given.batch_size
         self.val_fraction, self.test_fraction = given.val_fraction, given.test_fraction
         self.max_records, self.num_workers, self.seed = given.max_records, given.num_workers, given.seed
+        sample_mb = given.tokenizer_sample_mb
+        if isinstance(sample_mb, bool) or not isinstance(sample_mb, int | float) or not 0 < sample_mb < float("inf"):
+            raise DataError(f"data.tokenizer_sample_mb={sample_mb!r} must be > 0 (MB of text to train on)")
+        self.tokenizer_sample_mb = sample_mb
         self.tokenizer: Tokenizer | None = None
         self.specials = Specials.zoo()
         self.added: tuple[list[int], list[int]] = ([], [])  # ids the tokenizer puts before / after a text (setup)
@@ -87,7 +102,9 @@ class TextDataModule(L.LightningDataModule):
         """The texts of a record the tokenizer learns from."""
         return [record["text"]]
 
-    def build_dataset(self, records: list[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+        """The examples of one split's ``records``, which may be read more than once (a list, or a
+        :class:`SplitRecords` that reads a streamed source again on each pass), never indexed."""
         raise NotImplementedError
 
     def collate(self, batch: list[Any]) -> dict[str, Tensor]:
@@ -101,18 +118,44 @@ class TextDataModule(L.LightningDataModule):
 
     # ---- shared ---------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
+        """The records split (a group, e.g. one source file, stays in one split), the tokenizer, each split's
+        examples. A streamed source (a local file or folder, a hub dataset) is read again for each of these
+        passes and never held: memory holds the examples, not the records; any other source, or a
+        ``max_records`` choice, is read into a list once."""
         if self.datasets:
             return
-        records = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
-        check_texts(records, self.texts, self.source, self.source_args)
+        splits, counts, train_bytes = self.split_sources()
+        self.check_splits(sum(counts.values()), counts["train"], counts["val"])
+        # all of the training split's text up to tokenizer_sample_mb; beyond, a seeded sample of that much
+        train = Corpus(lambda: (("train", r) for r in splits["train"]), self.texts, None, {}, size=train_bytes)
+        sample = int(self.tokenizer_sample_mb * 2**20)
+        self.set_tokenizer(lambda: train_tokenizer(train.sample(sample, self.seed), self.kind, self.vocab_size))
+        self.datasets = {name: self.build_dataset(splits[name], name) for name in splits if counts[name]}
+
+    def split_sources(self) -> tuple[dict[str, Iterable[dict[str, Any]]], Counter[str], int]:
+        """Each split's records (re-readable), how many there are, and the training split's bytes of text."""
+        if self.source in STREAMED and self.max_records is None:
+            source, args, needs = self.source, self.source_args, self.fields
+
+            def records() -> Iterator[tuple[str, dict[str, Any]]]:
+                return split_records(stream_records(source, needs=needs, texts=self.texts, **args), self.split_of)
+
+            counts, train_bytes = Counter[str](), 0
+            for split, record in records():  # a first pass checks every record
+                counts[split] += 1
+                train_bytes += self.text_bytes(record) if split == "train" else 0
+            return {name: SplitRecords(records, name) for name in ("train", "val", "test")}, counts, train_bytes
+        listed = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
+        check_texts(listed, self.texts, self.source, self.source_args)
         splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
-        for split, record in split_records(records, self.split_of):  # a group (one source file) stays in one split
+        for split, record in split_records(listed, self.split_of):
             splits[split].append(record)
-        self.check_splits(len(records), len(splits["train"]), len(splits["val"]))
-        self.set_tokenizer(
-            lambda: train_tokenizer((t for r in splits["train"] for t in self.texts(r)), self.kind, self.vocab_size)
-        )
-        self.datasets = {name: self.build_dataset(rs, name) for name, rs in splits.items() if rs}
+        train_bytes = sum(map(self.text_bytes, splits["train"]))
+        return dict(splits), Counter({name: len(rs) for name, rs in splits.items()}), train_bytes
+
+    def text_bytes(self, record: dict[str, Any]) -> int:
+        """The bytes of the texts of ``record`` the tokenizer reads."""
+        return sum(len(text.encode("utf-8")) for text in self.texts(record))
 
     def chosen(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``data.max_records`` of the records, a seeded choice (all of them when it is None)."""
@@ -291,15 +334,7 @@ class PreparedDataModule(TextDataModule):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
-        given = typing.cast(PreparedData, self.settings)
-        cache_dir, tokenizer_sample_mb = given.cache_dir, given.tokenizer_sample_mb
-        if (
-            isinstance(tokenizer_sample_mb, bool)
-            or not isinstance(tokenizer_sample_mb, int | float)
-            or not (0 < tokenizer_sample_mb < float("inf"))
-        ):
-            raise DataError(f"data.tokenizer_sample_mb={tokenizer_sample_mb!r} must be > 0 (MB of text to train on)")
-        self.cache_dir, self.tokenizer_sample_mb = cache_dir, tokenizer_sample_mb
+        self.cache_dir = typing.cast(PreparedData, self.settings).cache_dir
 
     def encode_documents(self, texts: list[str]) -> tuple[list[int], list[int]]:
         """The ids of ``texts`` one after the other, and the length of each text's."""
