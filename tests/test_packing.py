@@ -8,6 +8,7 @@ import csv
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from rounding import assert_rounding_close
@@ -149,6 +150,51 @@ def test_documents_packing_marks_documents_at_each_eos(tmp_path):
         # the eos is predicted from its document; nothing predicts the next document's first token
         assert torch.equal(labels == IGNORE, ids == EOS)
         assert torch.equal(labels[ids != EOS], before["labels"][ids != EOS])
+
+
+def test_documents_come_from_the_index_not_from_an_eos_a_text_writes(tmp_path):
+    folder = tmp_path / "text"
+    folder.mkdir()
+    (folder / "corpus.txt").write_text("\n".join([*TEXTS, "a line that writes </s> in its text", *TEXTS]))
+    dm = LMDataModule(
+        source="local",
+        source_args={"path": str(folder)},
+        vocab_size=300,
+        seq_len=16,
+        batch_size=4,
+        val_fraction=0.2,
+        test_fraction=0.0,
+        packing="documents",
+        cache_dir=str(tmp_path / "cache"),
+    )
+    dm.setup("fit")
+    blocks = dm.datasets["train"]
+    whole = blocks.split.read_ids()
+    ends = set(blocks.split.read_ends().tolist())
+    written = [i for i, token in enumerate(whole.tolist()) if token == EOS and i + 1 not in ends]
+    assert written  # the text's own </s> became the eos id, inside its document
+    block = blocks.block
+    i = written[0] // block
+    batch = dm.collate([blocks[i]])
+    at = written[0] - i * block
+    if at < block - 1:  # an input position: the same document goes on after it, and is predicted
+        assert batch["document_ids"][0, at + 1] == batch["document_ids"][0, at] and batch["labels"][0, at] != IGNORE
+    texts = [*TEXTS, "x </s> y"]
+    in_memory = dm.build_dataset([{"text": t} for t in texts], "train").items  # (n, 2, block)
+    marks = [m for t in texts for m in [0] * (len(dm.encode_with_eos(t)) - 1) + [1]]
+    assert in_memory.shape[1:] == (2, block) and in_memory[:, 1].flatten().tolist() == marks[: in_memory[:, 1].numel()]
+    assert blocks.ends.within(0, blocks.split.tokens).tolist() == sorted(ends)
+
+
+def test_document_ends_are_found_page_by_page(tmp_path, monkeypatch):
+    from tasks.data.token_files import DocumentEnds, SplitTokens
+
+    monkeypatch.setattr(DocumentEnds, "PAGE", 4)
+    ends = np.cumsum(np.random.default_rng(0).integers(1, 9, size=50)).astype(np.int64)
+    ends.tofile(tmp_path / "x.ends")
+    index = DocumentEnds(SplitTokens(tmp_path / "x.ids", tmp_path / "x.ends", "uint16", int(ends[-1]), len(ends)))
+    for start, stop in [(0, 1), (0, int(ends[-1])), (5, 40), (int(ends[20]) - 1, int(ends[20])), (100, 100)]:
+        assert index.within(start, stop).tolist() == [e for e in ends.tolist() if start < e <= stop]
 
 
 def test_concat_packing_is_the_default_and_unchanged(tmp_path):

@@ -80,7 +80,8 @@ class LMDataModule(PreparedDataModule):
     - ``concat``: nothing separates them; a token attends to the end of the previous document.
     - ``documents``: the same blocks, and each batch also carries ``document_ids`` (B, T), the
       document of each input position counted from 0 within its row (an eos belongs to the document
-      it ends), for a model with ``mask=document``. The eos is still predicted from its document's
+      it ends), for a model with ``mask=document``; where documents end comes from the prepared split's
+      index (an eos id that a text itself writes stays inside its document). The eos is still predicted from its document's
       last token; the label of an input eos (the next document's first token) is IGNORE, as nothing
       predicts a document's first token when it runs alone. A document cut by a block boundary
       continues in the next block as a document of its own, its positions starting at 0.
@@ -108,21 +109,27 @@ class LMDataModule(PreparedDataModule):
 
     def prepared_dataset(self, split: SplitTokens, name: str) -> TokenBlocks:
         """Blocks of seq_len + 1 ids of the split's map."""
-        blocks = TokenBlocks(split, self.seq_len + 1)
+        blocks = TokenBlocks(split, self.seq_len + 1, documents=self.packing == "documents")
         if len(blocks) == 0:
             raise self.no_block(name, split.tokens)
         return blocks
 
     def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
-        """The blocks of ``records`` built in memory (``setup`` reads them from the prepared map)."""
+        """The blocks of ``records`` built in memory, as ``prepared_dataset`` reads them from the cache."""
         ids: list[int] = []
+        last: list[int] = []
         for record in records:
-            ids += self.encode_with_eos(record["text"])
+            own = self.encode_with_eos(record["text"])
+            ids += own
+            last += [0] * (len(own) - 1) + [1]
         block = self.seq_len + 1
         n = len(ids) // block
         if n == 0:
             raise self.no_block(split, len(ids))
-        return ListDataset(torch.tensor(ids[: n * block]).view(n, block))
+        blocks = torch.tensor(ids[: n * block]).view(n, block)
+        if self.packing == "documents":
+            blocks = torch.stack([blocks, torch.tensor(last[: n * block]).view(n, block)], dim=1)  # (n, 2, block)
+        return ListDataset(blocks)
 
     def no_block(self, split: str, tokens: int) -> DataError:
         return DataError(
@@ -131,12 +138,12 @@ class LMDataModule(PreparedDataModule):
         )
 
     def collate(self, batch: list[Tensor]) -> dict[str, Tensor]:
-        blocks = torch.stack(batch)  # (B, T+1)
-        inputs, labels = blocks[:, :-1], blocks[:, 1:]
+        blocks = torch.stack(batch)  # (B, T+1), or (B, 2, T+1) with each document's last id marked
         if self.packing == "concat":
-            return {"input_ids": inputs, "labels": labels}
-        ends = inputs == self.specials.eos  # (B, T): the last position of a document
-        document_ids = ends.long().cumsum(dim=1) - ends.long()  # eos seen before each position
+            return {"input_ids": blocks[:, :-1], "labels": blocks[:, 1:]}
+        inputs, labels = blocks[:, 0, :-1], blocks[:, 0, 1:]
+        ends = blocks[:, 1, :-1].bool()  # (B, T): the last position of a document, from the split's index
+        document_ids = ends.long().cumsum(dim=1) - ends.long()  # documents ended before each position
         return {"input_ids": inputs, "labels": labels.masked_fill(ends, IGNORE), "document_ids": document_ids}
 
 

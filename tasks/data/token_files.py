@@ -73,16 +73,57 @@ class IdReader:
                 os.close(self._fd)
 
 
+class DocumentEnds:
+    """Where a split's documents end, found from its index of document ends (``SplitTokens.ends``) with
+    ``os.pread``: every PAGE-th end is held (8 bytes per PAGE documents), the page a question falls in is
+    read when asked. The file is opened in each process that reads it."""
+
+    PAGE = 1024
+
+    def __init__(self, split: SplitTokens) -> None:
+        self.split, self._fd = split, None
+        self.firsts = np.array([self._read(i, 1)[0] for i in range(0, split.documents, self.PAGE)], dtype=np.int64)
+
+    def _read(self, first: int, count: int) -> np.ndarray:
+        if self._fd is None:
+            self._fd = os.open(self.split.ends, os.O_RDONLY)
+        data = os.pread(self._fd, count * 8, first * 8)
+        if len(data) != count * 8:
+            raise DataError(
+                f"{self.split.ends}: the prepared document ends stop before end {first + count} (the file was "
+                f"cut); remove its folder from the cache to prepare the corpus again"
+            )
+        return np.frombuffer(data, dtype=np.int64)
+
+    def within(self, start: int, stop: int) -> np.ndarray:
+        """The document ends e with start < e <= stop: the documents whose last id lies in [start, stop)."""
+        pages = np.searchsorted(self.firsts, [start, stop], side="right") - 1
+        first = max(int(pages[0]), 0) * self.PAGE
+        count = min((int(pages[1]) + 1) * self.PAGE, self.split.documents) - first
+        ends = self._read(first, count) if count > 0 else np.zeros(0, dtype=np.int64)
+        return ends[(ends > start) & (ends <= stop)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
 class TokenBlocks(Dataset):
     """Blocks of ``block`` consecutive ids of a prepared split, block i at ids[i*block : (i+1)*block]
     (what is left after the last full block is not used), each read from the split's file when asked
-    for (:class:`IdReader`)."""
+    for (:class:`IdReader`). ``documents``: each block comes as (2, block), its ids and, from the split's
+    index (:class:`DocumentEnds`), 1 where a document ends (its last id), 0 elsewhere."""
 
     lengths = None  # all blocks are full: no bucketing
 
-    def __init__(self, split: SplitTokens, block: int) -> None:
+    def __init__(self, split: SplitTokens, block: int, *, documents: bool = False) -> None:
         self.split, self.block = split, block
         self.reader = IdReader(split)
+        self.ends = DocumentEnds(split) if documents else None
 
     def __len__(self) -> int:
         return self.split.tokens // self.block
@@ -90,7 +131,13 @@ class TokenBlocks(Dataset):
     def __getitem__(self, i: int) -> Tensor:
         if not -len(self) <= i < len(self):
             raise IndexError(f"block {i} of {len(self)}")
-        return torch.from_numpy(self.reader.read(i % len(self) * self.block, self.block))
+        start = i % len(self) * self.block
+        ids = torch.from_numpy(self.reader.read(start, self.block))
+        if self.ends is None:
+            return ids
+        last = torch.zeros(self.block, dtype=torch.int64)
+        last[torch.from_numpy(self.ends.within(start, start + self.block) - 1 - start)] = 1
+        return torch.stack([ids, last])
 
     def __getitems__(self, indices: list[int]) -> list[Tensor]:
         """A batch's blocks (the DataLoader asks for a batch at once)."""
@@ -98,9 +145,8 @@ class TokenBlocks(Dataset):
 
     @property
     def items(self) -> Tensor:
-        """Every block, (n, block), read whole into memory: for looking at a small split."""
-        n = len(self)
-        return torch.from_numpy(np.asarray(self.split.read_ids()[: n * self.block], dtype=np.int64)).view(n, self.block)
+        """Every block, (n, block) (or (n, 2, block) with ``documents``): for looking at a small split."""
+        return torch.stack([self[i] for i in range(len(self))])
 
 
 class TokenDocuments(Dataset):
