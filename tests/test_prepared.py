@@ -304,3 +304,17 @@ def test_blocks_are_read_without_mapping_the_file_and_a_cut_file_is_named(tmp_pa
     os.truncate(blocks.split.ids, blocks.block * 2)  # a file cut short after preparation
     with pytest.raises(DataError, match="ids end before id .* remove its folder from the cache"):
         blocks[n - 1]
+
+
+def test_ranks_train_on_disjoint_shares_of_the_prepared_split(tmp_path, monkeypatch):
+    import tasks.data.text_module as text_module
+
+    dm = module(corpus(tmp_path / "text"), tmp_path / "cache")
+    dm.setup("fit")
+    shares = []
+    for rank in range(2):
+        monkeypatch.setattr(text_module, "world_rank", lambda rank=rank: (2, rank))
+        shares.append([i for batch in dm.train_dataloader().batch_sampler for i in batch])
+    blocks = len(dm.datasets["train"])
+    assert not set(shares[0]) & set(shares[1]) and len(shares[0]) == len(shares[1])
+    assert len(set(shares[0]) | set(shares[1])) >= blocks - 2 * dm.batch_size  # all but each rank's last part batch
