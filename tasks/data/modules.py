@@ -83,9 +83,8 @@ class LMDataModule(PreparedDataModule):
       it ends), for a model with ``mask=document``; where documents end comes from the prepared split's
       index (an eos id that a text itself writes stays inside its document). The eos is still predicted
       from its document's last token; the label of an input eos (the next document's first token) is
-      IGNORE, as nothing
-      predicts a document's first token when it runs alone. A document cut by a block boundary
-      continues in the next block as a document of its own, its positions starting at 0.
+      IGNORE, as nothing predicts a document's first token when it runs alone. A document cut by a
+      block boundary continues in the next block as a document of its own, its positions starting at 0.
     """
 
     tokenizer_kind = "bpe"
