@@ -42,27 +42,28 @@ class SplitTokens:
         return np.memmap(self.ends, dtype=np.int64, mode="r", shape=(self.documents,))
 
 
-class IdReader:
-    """Reads ids of a split's file with ``os.pread``: the process holds what it asked for and nothing else
+class PreadFile:
+    """Reads items of a file with ``os.pread``: the process holds what it asked for and nothing else
     (pages of a memory map it touched would count in its resident memory, read-ahead included, and grow
     with the corpus over a run). The file is opened in each process that reads it (a DataLoader worker
-    gets the path, not an open file)."""
+    gets the path, not an open file). ``cut``: what a read past the end says, ``{}`` its last item."""
 
-    def __init__(self, split: SplitTokens) -> None:
-        self.split, self.width = split, np.dtype(split.dtype).itemsize
+    def __init__(self, path: Path, dtype: str, cut: str) -> None:
+        self.path, self.dtype, self.cut = path, np.dtype(dtype), cut
         self._fd: int | None = None
 
-    def read(self, start: int, count: int) -> np.ndarray:
-        """``count`` ids from id ``start`` on, as int64."""
+    def read(self, first: int, count: int) -> np.ndarray:
+        """``count`` items from item ``first`` on."""
         if self._fd is None:
-            self._fd = os.open(self.split.ids, os.O_RDONLY)
-        data = os.pread(self._fd, count * self.width, start * self.width)
-        if len(data) != count * self.width:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        size = self.dtype.itemsize
+        data = os.pread(self._fd, count * size, first * size)
+        if len(data) != count * size:
             raise DataError(
-                f"{self.split.ids}: the prepared ids end before id {start + count} (the file was cut); remove "
-                f"its folder from the cache to prepare the corpus again"
+                f"{self.path}: {self.cut.format(first + count)} (the file was cut); remove its folder from the "
+                f"cache to prepare the corpus again"
             )
-        return np.frombuffer(data, dtype=self.split.dtype).astype(np.int64)
+        return np.frombuffer(data, dtype=self.dtype)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": None}
@@ -73,43 +74,36 @@ class IdReader:
                 os.close(self._fd)
 
 
+class IdReader(PreadFile):
+    """A split's ids, read with ``os.pread`` (:class:`PreadFile`)."""
+
+    def __init__(self, split: SplitTokens) -> None:
+        super().__init__(split.ids, split.dtype, "the prepared ids end before id {}")
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` ids from id ``start`` on, as int64."""
+        return super().read(start, count).astype(np.int64)
+
+
 class DocumentEnds:
     """Where a split's documents end, found from its index of document ends (``SplitTokens.ends``) with
-    ``os.pread``: every PAGE-th end is held (8 bytes per PAGE documents), the page a question falls in is
-    read when asked. The file is opened in each process that reads it."""
+    ``os.pread`` (:class:`PreadFile`): every PAGE-th end is held (8 bytes per PAGE documents), the page a
+    question falls in is read when asked."""
 
     PAGE = 1024
 
     def __init__(self, split: SplitTokens) -> None:
-        self.split, self._fd = split, None
-        self.firsts = np.array([self._read(i, 1)[0] for i in range(0, split.documents, self.PAGE)], dtype=np.int64)
-
-    def _read(self, first: int, count: int) -> np.ndarray:
-        if self._fd is None:
-            self._fd = os.open(self.split.ends, os.O_RDONLY)
-        data = os.pread(self._fd, count * 8, first * 8)
-        if len(data) != count * 8:
-            raise DataError(
-                f"{self.split.ends}: the prepared document ends stop before end {first + count} (the file was "
-                f"cut); remove its folder from the cache to prepare the corpus again"
-            )
-        return np.frombuffer(data, dtype=np.int64)
+        self.documents = split.documents
+        self.file = PreadFile(split.ends, "int64", "the prepared document ends stop before end {}")
+        self.firsts = np.array([self.file.read(i, 1)[0] for i in range(0, self.documents, self.PAGE)], dtype=np.int64)
 
     def within(self, start: int, stop: int) -> np.ndarray:
         """The document ends e with start < e <= stop: the documents whose last id lies in [start, stop)."""
         pages = np.searchsorted(self.firsts, [start, stop], side="right") - 1
         first = max(int(pages[0]), 0) * self.PAGE
-        count = min((int(pages[1]) + 1) * self.PAGE, self.split.documents) - first
-        ends = self._read(first, count) if count > 0 else np.zeros(0, dtype=np.int64)
+        count = min((int(pages[1]) + 1) * self.PAGE, self.documents) - first
+        ends = self.file.read(first, count) if count > 0 else np.zeros(0, dtype=np.int64)
         return ends[(ends > start) & (ends <= stop)]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None}
-
-    def __del__(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
 
 
 class TokenBlocks(Dataset):
