@@ -20,9 +20,10 @@ from rounding import assert_rounding_close
 from torch import Tensor
 
 import zoo
-from zoo.mask import Causal, Mask, MaskMod
-from zoo.position import Position, ScoreMod
+from zoo.mask import Causal, Mask
+from zoo.position import Position
 from zoo.registry import ARCH, ATTENTION, MASK, POSITION
+from zoo.rules import MaskMod, ScoreMod
 
 B, T = 2, 8
 MASK_SETTINGS = ({}, {"window": 3})  # what a mask may read besides its name

@@ -35,8 +35,9 @@ from torch import Tensor, nn
 from zoo.config import ModelConfig
 from zoo.kernels import AttentionKernel, Scoring, run_flex, softcapped
 from zoo.kv_cache import KVCache, round_trip
-from zoo.position import ScoreMod, apply_rotary
+from zoo.position import apply_rotary
 from zoo.registry import ATTENTION, NORM
+from zoo.rules import ScoreMod
 from zoo.sublayer import Sublayer
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from zoo.attention import AttentionInputs, FlexMods
-from zoo.mask import Mask, MaskMod
+from zoo.mask import Mask
 from zoo.position import Position
+from zoo.rules import MaskMod
 
 
 def self_attention_inputs(

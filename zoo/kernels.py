@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.position import ScoreMod
 from zoo.registry import ATTENTION, Component, ConfigError
+from zoo.rules import ScoreMod
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask

@@ -8,7 +8,7 @@ A position encoding acts at one of three places, so the base class has three hoo
   written once as flex_attention's score_mod: flex computes it inside the kernel from the positions
   of each query and key, so no (H, Tq, Tk) tensor is ever made, and the base class derives the dense
   ``bias(q_pos, k_pos)`` that sdpa and math add by evaluating the same function on broadcast index
-  grids (``zoo.mask.index_grids``). A class that writes ``bias`` without its own ``score_mod`` is
+  grids (``zoo.rules.index_grids``). A class that writes ``bias`` without its own ``score_mod`` is
   refused when it is defined (flex would drop the bias).
 
 Shapes: B batch, T positions, H heads, Tq/Tk query/key lengths, D model width, hd head width.
@@ -19,18 +19,15 @@ token at a time sees the same encodings as a full forward pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from zoo.config import ModelConfig
-from zoo.mask import index_grids, over_keys, refuse_half_rules
 from zoo.registry import POSITION, Component, ConfigError
 from zoo.rope_scaling import ROPE_SCALINGS, RopeScaling  # noqa: F401  (RopeScaling: named in RoPE's docstring)
-
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
+from zoo.rules import ScoreMod, index_grids, over_keys, refuse_half_rules
 
 
 class Position(Component, nn.Module):

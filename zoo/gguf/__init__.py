@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from zoo.gguf import archs as _archs  # noqa: F401  (registers qwen3, gemma2, olmo2 and mixtral)
 from zoo.gguf.loader import GGUFContents, read_gguf
 from zoo.gguf.names import ARCHS, Arch
 from zoo.gguf.writer import FILE_TYPES, gguf_exportable, to_gguf

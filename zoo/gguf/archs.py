@@ -1,7 +1,7 @@
 """The :class:`~zoo.gguf.names.Arch` records of zoo.hf's newer families: llama.cpp's ``qwen3``, ``gemma2``
 and ``olmo2``, and Mixtral, which llama.cpp runs as ``llama`` with its MoE tensors (``ffn_gate_inp``,
 ``ffn_{gate,up,down}_exps``; its converter writes ``llama.expert_count``, which picks this record when
-a ``llama`` file is read). zoo/gguf/names.py imports this module at its end.
+a ``llama`` file is read). zoo/gguf/__init__.py imports this module, so every door into zoo.gguf sees them.
 
 What llama.cpp computes, for the ``unfit`` lists (its src/models/*.cpp and llama-model.cpp):
 

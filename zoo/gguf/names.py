@@ -276,5 +276,3 @@ ARCHS.register("gpt2")(
         },
     )
 )
-
-from zoo.gguf import archs as _archs  # noqa: E402, F401  (registers qwen3, gemma2, olmo2 and mixtral)
