@@ -10,6 +10,7 @@ from conftest import tiny_config, tiny_model
 from rounding import assert_rounding_close
 
 import zoo
+from zoo.decoding import steps_of
 from zoo.inspect import attention_kind
 
 C = zoo.list_components()
@@ -70,7 +71,7 @@ def test_each_form_declares_what_its_model_does(arch):
             model.generate(inputs["input_ids"], 2)
     else:
         out = model.generate(inputs["input_ids"][1:], 2)
-        assert out.shape == (2, form.decoding.held(8) + 2) and form.cached_layers(cfg) > 0
+        assert out.shape == (2, steps_of(form).held(8) + 2) and form.cached_layers(cfg) > 0
 
 
 @pytest.mark.parametrize("position", C["position"])

@@ -93,7 +93,7 @@ def test_import_zoo_leaves_the_converters_until_they_are_used():
 
 
 def test_building_a_decoder_leaves_generation_until_it_generates():
-    generation = ("zoo.generation", "zoo.sampling", "zoo.beam_search", "zoo.prompts", "zoo.logits")
+    generation = ("zoo.generation", "zoo.decoding", "zoo.sampling", "zoo.beam_search", "zoo.prompts", "zoo.logits")
     code = (
         "import sys, torch, zoo\n"
         "model = zoo.build_model(zoo.get_config('gpt-tiny'))\n"

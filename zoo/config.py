@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from zoo.registry import ARCH, ATTENTION, FFN, MASK, NORM, NORM_PLACEMENT, POSITION, REGISTRIES, ConfigError, readers
 
 if TYPE_CHECKING:
-    from zoo.models import ZooModel
+    from zoo.form import Form
 
 
 @dataclass
@@ -130,7 +130,7 @@ class ModelConfig:
         return {family: self.resolved_mask if family == "mask" else getattr(self, family) for family in REGISTRIES}
 
     @property
-    def form(self) -> type[ZooModel]:
+    def form(self) -> type[Form]:
         """The class registered as ``arch`` (zoo.models). It says what differs between the forms:
         ask it (``cfg.form.cross_attention``, ``cfg.form.decoding``) instead of comparing ``arch``."""
         return ARCH.get(self.arch, field="arch")

@@ -1,6 +1,7 @@
 """How each form generates: next-token logits one step at a time, for ``generate`` (zoo.generation).
 
-A form's class names its strategy (``ZooModel.decoding``): a decoder continues a left-padded prompt;
+A form's class names its strategy (``ZooModel.decoding``, a name in :data:`DECODINGS`, so that building
+a model imports no decoding module): a decoder continues a left-padded prompt;
 an encoder-decoder encodes a right-padded source once and decodes a target from its start token.
 Shapes: B rows (prompts, times beams), T tokens so far, V vocabulary, S source length, D model width,
 N the output's width (the input, then room for every new token).
@@ -30,7 +31,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from zoo.registry import Registry
+
 if TYPE_CHECKING:
+    from zoo.form import Form
     from zoo.kv_cache import Cache
     from zoo.models import DecoderModel, EncoderDecoderModel, ZooModel
 
@@ -200,6 +204,16 @@ def _decoder_start(
     return model.logits(hidden[:, -1])
 
 
+DECODINGS: Registry[type[Steps]] = Registry("decoding")  # the strategies a form names (ZooModel.decoding)
+DECODINGS.bind(Steps)
+
+
+def steps_of(form: type[Form]) -> type[Steps] | None:
+    """How ``form`` decodes (its ``decoding``); None for a form that does not generate."""
+    return None if form.decoding is None else DECODINGS.get(form.decoding)
+
+
+@DECODINGS.register("decoder")
 class DecoderSteps(Steps):
     """Next-token logits for a decoder-only model, one step at a time: the output is the left-padded
     prompt and its continuation.
@@ -275,6 +289,7 @@ class DecoderSteps(Steps):
             self.cache.reorder(index)
 
 
+@DECODINGS.register("encoder_decoder")
 class EncoderDecoderSteps(Steps):
     """Next-token logits for an encoder-decoder: encode the right-padded source once, then decode
     step by step; the output is the target, from ``decoder_start_token_id``."""

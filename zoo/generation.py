@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from zoo.beam_search import beam_search, check_beams
+from zoo.decoding import Steps, steps_of
 from zoo.kv_cache import value_bytes
 from zoo.logits import RepeatControls
 from zoo.measuring import count_generated
@@ -37,7 +38,6 @@ from zoo.registry import ARCH, ConfigError
 from zoo.sampling import TokenChoice, check_sampling, checked_repeats, filter_logits, sample
 
 if TYPE_CHECKING:
-    from zoo.decoding import Steps
     from zoo.zoo_model import ZooModel
 
 __all__ = [
@@ -163,7 +163,7 @@ def _decode(
 
 def _steps_class(model: ZooModel) -> type[Steps]:
     """How this form decodes (its ``decoding``, zoo.decoding); a TypeError for a form that cannot."""
-    steps_cls = type(model).decoding
+    steps_cls = steps_of(type(model))
     if steps_cls is None:
         able = " or ".join(repr(name) for name in ARCH.names() if ARCH.get(name).decoding is not None)
         raise TypeError(f"an {model.config.arch} does not generate; use arch={able}")

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
-from zoo.decoding import DecoderSteps, EncoderDecoderSteps
 from zoo.kv_cache import Cache
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
@@ -114,7 +113,7 @@ class DecoderModel(ZooModel):
     """GPT: next-token logits of a causal stack; generates by continuing a left-padded prompt."""
 
     natural_mask = "causal"
-    decoding = DecoderSteps
+    decoding = "decoder"
     attention_kinds = ("decoder self",)
     pipeline_cut = PipelineCut("decoder", last=("lm_head",))
 
@@ -188,7 +187,7 @@ class EncoderDecoderModel(ZooModel):
     cross-attention; generates a target from ``decoder_start_token_id``."""
 
     cross_attention = True
-    decoding = EncoderDecoderSteps
+    decoding = "encoder_decoder"
     input_names = ("input_ids", "attention_mask", "decoder_input_ids")
     attention_kinds = ("encoder self", "decoder self", "cross")
 

@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
-from zoo.decoding import Steps
 from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.position import position_limit
 from zoo.registry import ARCH, Component, ConfigError
@@ -45,7 +44,7 @@ class ZooModel(Component, nn.Module):
 
     natural_mask: ClassVar[str] = "bidirectional"  # the main stack's self-attention mask when cfg.mask is None
     cross_attention: ClassVar[bool] = False  # reads a source and a target: decoder blocks attend over the encoder
-    decoding: ClassVar[type[Steps] | None] = None  # how generate() decodes (zoo.decoding); None: it cannot
+    decoding: ClassVar[str | None] = None  # how generate() decodes: a zoo.decoding.DECODINGS name; None: it cannot
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")  # forward's inputs, by keyword
     attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)

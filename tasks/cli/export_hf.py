@@ -25,6 +25,7 @@ import zoo
 from tasks import ZooTask
 from tasks.data.tokenizers import ROLES
 from tasks.errors import UserError
+from zoo.decoding import steps_of
 from zoo.io import atomic_write_text
 
 TOLERANCE = 1e-4
@@ -158,7 +159,8 @@ def _check_decoding(task: ZooTask, hf: Any, folder: Path, inputs: dict[str, Tens
     import transformers
 
     model = task.model
-    steps = type(model).decoding
+    steps = steps_of(type(model))
+    assert steps is not None  # only a form that generates is checked so
     prompt, mask = (
         (inputs["input_ids"], inputs["attention_mask"])
         if not steps.left_pad
