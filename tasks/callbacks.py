@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import ModelSummary
 from torchmetrics import Metric, MetricCollection
 
 import zoo
-from tasks.errors import DivergedError
+from tasks.errors import DivergedError, EndedOnPurpose
 from tasks.loggers import CSVLogger
 from tasks.parallel_layers import cut_parameters, whole_parameter_count
 from zoo.stats import peak_flops
@@ -272,7 +272,7 @@ class CrashCheckpoint(L.Callback):
                     logger.write_back(rows)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not getattr(exception, "resumable", True) or trainer.world_size != 1:
+        if isinstance(exception, EndedOnPurpose) or trainer.world_size != 1:
             return  # an end on purpose (a pruned trial), or weights not worth resuming (diverged)
         if self.start_step is None or trainer.global_step <= self.start_step:
             return  # not a single step of this run: what it started from is still there

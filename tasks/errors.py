@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+from typing import ClassVar
 
 
 class UserError(ValueError):
@@ -17,11 +18,18 @@ class DataError(UserError):
     """Data that cannot be read or used: a missing or empty path, a binary file, a missing column."""
 
 
-class DivergedError(RuntimeError):
-    """Training stopped because the loss (or a gradient) stopped being finite. ``resumable``:
-    the weights are no point to resume from (no crash checkpoint is saved)."""
+class EndedOnPurpose(Exception):
+    """What a callback raises to stop a run on purpose (a diverged loss, a pruned trial): it passes
+    the verb as it is, not as a failure, and leaves no crash checkpoint, as there is nothing worth
+    resuming. ``exit_quietly``: the verb ends this process without a word (a DDP process Lightning
+    started, whose rank 0 reports)."""
 
-    resumable = False
+    exit_quietly: ClassVar[bool] = False
+
+
+class DivergedError(EndedOnPurpose, RuntimeError):
+    """Training stopped because the loss (or a gradient) stopped being finite: the weights are no
+    point to resume from."""
 
 
 class RunFailed(RuntimeError):

@@ -81,7 +81,7 @@ def test_merge_equals_the_adapted_model(arch, ffn, targets):
     adapted = _outputs(model)
     assert (adapted - _outputs(base)).abs().max() > 1e-2  # the adapters do change the outputs
     adapters.merge(model)
-    assert not adapters.adapted_layers(model) and not hasattr(model, "adapter_config")
+    assert not adapters.adapted_layers(model) and model.adapter_config is None
     assert list(model.state_dict()) == list(base.state_dict())
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert all(p.requires_grad for p in model.parameters())
@@ -148,7 +148,7 @@ def test_loading_an_adapter_onto_another_model_is_refused():
     other = tiny_model(n_layers=2)
     with pytest.raises(zoo.CheckpointError, match="unexpected.*blocks.2"):
         adapters.load_adapter(other, state)
-    assert not adapters.adapted_layers(other) and not hasattr(other, "adapter_config")
+    assert not adapters.adapted_layers(other) and other.adapter_config is None
 
 
 def test_none_adapter_trains_everything():
@@ -243,7 +243,10 @@ def test_a_sublayer_declares_its_fused_segments_and_lora_adapts_each_alone():
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.both(x)
 
-    model = torch.nn.Sequential(TwoHeads(), torch.nn.Linear(6, 3))
+    class Plain(torch.nn.Sequential):
+        adapter_config = None  # what a module LoRA adapts declares (ZooModel does)
+
+    model = Plain(TwoHeads(), torch.nn.Linear(6, 3))
     assert resolve_targets(model, ["0.both.right", "1"]) == {"0.both": ["right"], "1": ["1"]}
     zoo.adapters.apply(model, rank=2, targets=["0.both.right"])
     x = torch.randn(5, 8)

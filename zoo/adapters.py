@@ -39,8 +39,9 @@ from zoo.io import CheckpointError
 from zoo.models import count_parameters
 from zoo.registry import ConfigError, Registry
 from zoo.sublayer import Sublayer
+from zoo.zoo_model import ZooModel
 
-ADAPTERS: Registry[Any] = Registry("adapter")
+ADAPTERS: Registry[type[Adapter]] = Registry("adapter")  # bound to Adapter below
 
 # friendly target names -> the regex they stand for (fully matched against layer or segment names)
 TARGETS: dict[str, str] = {
@@ -236,6 +237,9 @@ class Adapter:
         raise NotImplementedError
 
 
+ADAPTERS.bind(Adapter)
+
+
 @ADAPTERS.register("none")
 class NoAdapter(Adapter):
     """Full fine-tuning: nothing wrapped, nothing frozen (its 'adapter tensors' are all parameters)."""
@@ -271,7 +275,7 @@ class LoRA(Adapter):
 
 
 def apply(
-    model: nn.Module,
+    model: ZooModel,
     name: str = "lora",
     *,
     rank: int = 8,
@@ -279,7 +283,7 @@ def apply(
     dropout: float = 0.0,
     targets: Sequence[str] = DEFAULT_TARGETS,
     trainable: Sequence[str] = (),
-) -> nn.Module:
+) -> ZooModel:
     """Add the ``name`` adapter to ``model`` in place and return it.
 
     Args:
@@ -295,7 +299,7 @@ def apply(
     """
     cfg = AdapterConfig(name, rank=rank, alpha=alpha, dropout=dropout, targets=targets, trainable=trainable)
     cfg.validate()
-    if getattr(model, "adapter_config", None) is not None or any(isinstance(m, LoRALinear) for m in model.modules()):
+    if model.adapter_config is not None or any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ConfigError(f"this {type(model).__name__} already has an adapter; zoo.adapters.merge(model) first")
     ADAPTERS.get(name, field="adapter").apply(model, cfg)
     model.adapter_config = cfg
@@ -312,25 +316,25 @@ def adapted_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
-def _config_of(model: nn.Module) -> AdapterConfig:
-    cfg = getattr(model, "adapter_config", None)
+def _config_of(model: ZooModel) -> AdapterConfig:
+    cfg = model.adapter_config
     if cfg is None:
         raise ValueError(f"this {type(model).__name__} has no adapter; zoo.adapters.apply(model, ...) first")
     return cfg
 
 
-def merge(model: nn.Module) -> nn.Module:
+def merge(model: ZooModel) -> ZooModel:
     """Fold every adapter into its base weight (on its own rows) and remove the wrappers, in place.
 
     The result is a plain zoo model: its state_dict has exactly the base model's keys, every parameter
-    is trainable again (as after ``build_model``) and ``adapter_config`` is gone. Returns ``model``.
+    is trainable again (as after ``build_model``) and ``adapter_config`` is None. Returns ``model``.
     """
     _config_of(model)
     for name, layer in adapted_layers(model).items():
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attr, layer.merged())
     model.requires_grad_(True)
-    del model.adapter_config
+    model.adapter_config = None
     return model
 
 
@@ -344,7 +348,7 @@ def count_trainable(model: nn.Module) -> int:
     return count_parameters(model, trainable_only=True)
 
 
-def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
+def adapter_state_dict(model: ZooModel) -> dict[str, Any]:
     """``{"adapter": settings as plain data, "tensors": {name: tensor}}``: what fine-tuning trained.
 
     For ``lora`` the tensors are the adapter's A and B plus the ``trainable`` parameters; for ``none``
@@ -354,7 +358,7 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
     return {"adapter": cfg.to_dict(), "tensors": {n: p.detach() for n, p in trainable_parameters(model).items()}}
 
 
-def load_adapter(model: nn.Module, state: dict[str, Any]) -> nn.Module:
+def load_adapter(model: ZooModel, state: dict[str, Any]) -> ZooModel:
     """Re-apply a saved adapter (:func:`adapter_state_dict`) to a base ``model`` and load its tensors.
 
     The tensor names and shapes must be exactly those the adapter makes on this model (a

@@ -114,6 +114,7 @@ class DecoderModel(ZooModel):
 
     natural_mask = "causal"
     decoding = "decoder"
+    has_lm_head = True
     attention_kinds = ("decoder self",)
     pipeline_cut = PipelineCut("decoder", last=("lm_head",))
 
@@ -188,6 +189,7 @@ class EncoderDecoderModel(ZooModel):
 
     cross_attention = True
     decoding = "encoder_decoder"
+    has_lm_head = True
     input_names = ("input_ids", "attention_mask", "decoder_input_ids")
     attention_kinds = ("encoder self", "decoder self", "cross")
 

@@ -47,11 +47,12 @@ from zoo.adapters import adapted_layers
 from zoo.kv_cache import check_kv_dtype
 from zoo.moe import ExpertLinear
 from zoo.registry import ConfigError, Registry
+from zoo.zoo_model import ZooModel
 
 WEIGHTS: Registry[Callable[[nn.Module], None]] = Registry("weight precision")
 
 
-def quantize(model: nn.Module, weights: str | None = "int8", kv_cache: str | None = None) -> nn.Module:
+def quantize(model: ZooModel, weights: str | None = "int8", kv_cache: str | None = None) -> ZooModel:
     """Store ``model``'s weights in ``weights`` precision, in place; returns ``model`` in eval mode.
 
     Args:
@@ -78,13 +79,13 @@ def quantize(model: nn.Module, weights: str | None = "int8", kv_cache: str | Non
     return model.eval()
 
 
-def _check_quantizable(model: nn.Module, weights: str) -> None:
+def _check_quantizable(model: ZooModel, weights: str) -> None:
     if model.training:
         raise ConfigError(
             f"weights={weights!r}: zoo.quantize prepares a model for inference and this one is "
             "in training mode; call model.eval() first (and keep training the float model)"
         )
-    done = getattr(model, "quantized_weights", None)
+    done = model.quantized_weights
     if done is not None:
         raise ConfigError(
             f"weights={weights!r}: this model is already quantized (weights={done!r}); "
@@ -101,11 +102,11 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _untie_head(model: nn.Module) -> None:
+def _untie_head(model: ZooModel) -> None:
     """Give a model whose logits reuse the embedding matrix an ``lm_head`` Linear sharing that
     matrix, so that the quantizer replaces the head with its own packed copy and the embedding
     lookup keeps the float table. ``ZooModel.logits`` uses ``lm_head`` whenever it is set."""
-    if getattr(model, "lm_head", False) is not None:
+    if not model.has_lm_head or model.lm_head is not None:
         return  # an untied head (already a Linear), or a form without an LM head (encoder)
     embed = model.embed.weight
     head = nn.Linear(embed.shape[1], embed.shape[0], bias=False, device="meta")

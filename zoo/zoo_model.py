@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.position import position_limit
 from zoo.registry import ARCH, Component, ConfigError
 from zoo.sublayer import Sublayer
+
+if TYPE_CHECKING:
+    from zoo.adapters import AdapterConfig
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class ZooModel(Component, nn.Module):
     attention_kinds: ClassVar[tuple[str, ...]] = ()  # the maps zoo.capture_attention finds (zoo.inspect.KINDS)
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
     pipeline_cut: ClassVar[PipelineCut | None] = None  # how trainer=pp cuts it (zoo.pipeline); None: it is not cut
+    has_lm_head: ClassVar[bool] = False  # its logits are ``lm_head``'s, or the tied embedding's where that is None
+
+    lm_head: nn.Module | None  # set by the forms that have one (has_lm_head)
+    adapter_config: AdapterConfig | None = None  # the adapter zoo.adapters.apply put in; merge clears it
+    quantized_weights: str | None = None  # the weight precision zoo.quantize gave it
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:

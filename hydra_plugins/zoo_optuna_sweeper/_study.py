@@ -34,6 +34,7 @@ from hydra_plugins.zoo_optuna_sweeper._names import (
     RETRY_OF,
 )
 from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
+from tasks.errors import EndedOnPurpose
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,9 @@ def open_trial(storage_url: str, study_name: str, number: int) -> optuna.trial.T
     return optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
 
 
-class Pruned(optuna.TrialPruned):
-    """The trial was pruned (the sweeper records it as PRUNED). ``resumable``: no crash, so the
-    run leaves no on_exception.ckpt (see tasks.callbacks.CrashCheckpoint)."""
-
-    resumable = False
+class Pruned(optuna.TrialPruned, EndedOnPurpose):
+    """The trial was pruned (the sweeper records it as PRUNED). No crash, so the run leaves no
+    on_exception.ckpt (see tasks.callbacks.CrashCheckpoint)."""
 
 
 class PrunedOnARankAbove0(Pruned):

@@ -43,7 +43,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def fail(error: BaseException, code: int = 2) -> typing.NoReturn:
     """End the verb with one line on stderr: ``zoo: <kind>: <message>``; the run directory this
     process created and nothing but Hydra wrote into goes with it."""
-    print(f"zoo: {getattr(error, 'kind', type(error).__name__)}: {error}", file=sys.stderr)
+    kind = error.kind if isinstance(error, RunFailed) else type(error).__name__
+    print(f"zoo: {kind}: {error}", file=sys.stderr)
     discard_own_run_dir()
     sys.exit(code)
 

@@ -34,7 +34,7 @@ from tasks.cli.console import quiet_libraries
 from tasks.cli.loading import run_info
 from tasks.cli.plan import RunPlan, plan_run
 from tasks.cli.resuming import resumed_config
-from tasks.errors import RunFailed
+from tasks.errors import EndedOnPurpose, RunFailed
 from tasks.loggers import CSVLogger
 from tasks.optim import check_same_optimizer, optimizer_name
 from tasks.run_dirs import claim_run_dir, release_runs
@@ -180,15 +180,11 @@ def failures_kept(plan: RunPlan) -> Iterator[None]:
     """What ends fitting or testing that is no user mistake (a library's refusal, a CUDA error, a bug)
     ends the verb in one line, a RunFailed naming the error and the file in the run directory that
     keeps its whole traceback; user mistakes, interrupts and what a callback raised to stop the run on
-    purpose (``resumable = False``: a diverged run, a pruned trial) pass as they are."""
+    purpose (``EndedOnPurpose``: a diverged run, a pruned trial) pass as they are."""
     try:
         yield
     except Exception as error:
-        if (
-            one_line(error) is not None
-            or not getattr(error, "resumable", True)
-            or getattr(error, "exit_quietly", False)
-        ):
+        if one_line(error) is not None or isinstance(error, EndedOnPurpose):
             raise
         raise RunFailed(error, keep_traceback(plan.run_dir, error) if plan.writes else None) from error
 
@@ -345,6 +341,8 @@ def run_composed(cfg: DictConfig) -> float | None:
         try:  # a job of a sweeper that records the error as the job's failure
             return train(cfg)
         except Exception as error:
-            if getattr(error, "exit_quietly", False):  # e.g. a DDP process Lightning started, whose rank 0 reports
+            if (
+                isinstance(error, EndedOnPurpose) and error.exit_quietly
+            ):  # e.g. a DDP process Lightning started, whose rank 0 reports
                 return None
             raise
