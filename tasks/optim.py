@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.blocks import Block
 
 DEFAULT = "adamw"  # what settings without a name mean
 ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
@@ -221,7 +220,7 @@ def embedding_weights(module: nn.Module) -> set[int]:
 
 def hidden_matrices(module: nn.Module) -> list[nn.Parameter]:
     """The trainable parameters Muon takes: the weights of the linear layers of each block's
-    attention and FFN (the sublayers of ``Block.branches``; an MoE's router too), in module order.
+    attention and FFN (the sublayers of ``ZooModel.branches``; an MoE's router too), in module order.
 
     What Muon's write-up keeps for AdamW stays out by construction: the embeddings, the LM head (tied
     or not), a pooler and task heads are outside the blocks; norms sit in the residual placements;
@@ -229,8 +228,8 @@ def hidden_matrices(module: nn.Module) -> list[nn.Parameter]:
     in) experts: torch's Muon takes 2-D parameters only) and LoRA's factors (the adapter literature
     trains them with AdamW)."""
     found: dict[int, nn.Parameter] = {}
-    for block in (m for m in module.modules() if isinstance(m, Block)):
-        for sublayer, _ in block.branches():
+    for model in (m for m in module.modules() if isinstance(m, zoo.ZooModel)):
+        for sublayer, _ in model.branches():
             for layer in (m for m in sublayer.modules() if isinstance(m, nn.Linear)):
                 if layer.weight.requires_grad and layer.weight.ndim == 2:
                     found.setdefault(id(layer.weight), layer.weight)

@@ -61,6 +61,9 @@ class EncoderModel(ZooModel):
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
         self.mlm_head = MLMHead(cfg) if cfg.mlm_head else None
 
+    def stacks(self) -> list[Stack]:
+        return [self.encoder]
+
     def forward(
         self,
         input_ids: Tensor,
@@ -158,6 +161,9 @@ class DecoderModel(ZooModel):
             cache=cache,
             document_ids=document_ids,
         )
+
+    def stacks(self) -> list[Stack]:
+        return [self.decoder]
 
     def forward(
         self,
@@ -268,6 +274,9 @@ class EncoderDecoderModel(ZooModel):
                 decoder_input_ids, memory, memory_mask, decoder_attention_mask=decoder_attention_mask, cache=cache
             )
         )
+
+    def stacks(self) -> list[Stack]:
+        return [self.encoder, self.decoder]
 
     def forward(
         self,

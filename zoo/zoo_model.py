@@ -16,6 +16,7 @@ from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache, check_kv_dtype
+from zoo.norm import Placement
 from zoo.position import position_limit
 from zoo.registry import ARCH, Component, ConfigError
 from zoo.sublayer import Sublayer
@@ -34,10 +35,10 @@ class PipelineCut:
     first: tuple[str, ...] = ("embed",)
     last: tuple[str, ...] = ()
 
-    def of(self, model: nn.Module) -> Stack:
+    def of(self, model: ZooModel) -> Stack:
         """The stack of ``model`` that this cut shares out."""
         stack = model.get_submodule(self.stack)
-        assert isinstance(stack, Stack), f"{type(model).__name__}.{self.stack} is not a Stack"
+        assert any(stack is s for s in model.stacks()), f"{type(model).__name__}.{self.stack} is not one of its stacks"
         return stack
 
 
@@ -133,7 +134,12 @@ class ZooModel(Component, nn.Module):
         return generate(self, input_ids, max_new_tokens, **settings)
 
     def stacks(self) -> list[Stack]:
-        return [m for m in self.children() if isinstance(m, Stack)]
+        """Its stacks, input side first (each form declares its own)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no stacks(); a form lists its Stack children")
+
+    def branches(self) -> list[tuple[Sublayer, Placement]]:
+        """Every block's residual branches (``Block.branches``), stack by stack: what init and Muon ask."""
+        return [pair for stack in self.stacks() for block in stack.blocks for pair in block.branches()]
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -155,8 +161,7 @@ class ZooModel(Component, nn.Module):
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
             attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
-        branches = [pair for stack in self.stacks() for block in stack.blocks for pair in block.branches()]
-        for sublayer, placement in branches:
+        for sublayer, placement in self.branches():
             if not isinstance(sublayer, Sublayer):  # a user's component need not declare its weights: left as drawn
                 continue
             gain = placement.init_gain()
