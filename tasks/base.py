@@ -6,7 +6,6 @@ groups, linear warmup then cosine decay, the tokenizer carried inside checkpoint
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -22,7 +21,8 @@ import zoo
 from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
-from tasks.optim import SCHEDULE_KEYS, build_optimizer
+from tasks.init_from import check_tensors, first_line, loaded_line, no_base_error, size_diff
+from tasks.optim import SCHEDULE_KEYS, build_optimizer, warmup_cosine
 from tasks.precision import clip_under_mixed_precision
 from tasks.strategy import pipeline_step_of, strategy_of
 from zoo.generation import generate
@@ -38,23 +38,6 @@ DECODING = (
     *("num_beams", "length_penalty", "repetition_penalty", "no_repeat_ngram_size"),
 )
 """The settings of ``ZooModel.generate`` that say how a model decodes (not what it is given)."""
-
-
-def loaded_line(loaded: Any, skipped: list[str], fresh: list[str], adapter: list[str]) -> str:
-    """What ``init_from`` did, for the console: tensors loaded, skipped (with a few names) and new; the
-    adapter's matrices are told apart from tensors that had no weights to load."""
-
-    def few(names: list[str]) -> str:
-        return ", ".join(names[:4]) + ("…" if len(names) > 4 else "")
-
-    parts = [f"{len(loaded)} tensors loaded"]
-    if skipped:
-        parts.append(f"{len(skipped)} skipped ({few(skipped)})")
-    if adapter:
-        parts.append(f"{len(adapter)} adapter matrices added (LoRA's B starts at zero: the model starts as loaded)")
-    if fresh:
-        parts.append(f"{len(fresh)} freshly initialised ({few(fresh)})")
-    return ", ".join(parts)
 
 
 class ZooTask(L.LightningModule):
@@ -323,19 +306,19 @@ class ZooTask(L.LightningModule):
         try:
             Tokenizer.from_str(checkpoint["tokenizer_json"])
         except Exception as error:  # the tokenizers library raises its own exception types
-            raise zoo.CheckpointError(f"{source}: its tokenizer cannot be read ({_first_line(error)})") from None
+            raise zoo.CheckpointError(f"{source}: its tokenizer cannot be read ({first_line(error)})") from None
         try:
             task = cls(**hparams, tokenizer_json=checkpoint["tokenizer_json"])
         except (TypeError, ValueError, zoo.ConfigError) as error:
             raise zoo.CheckpointError(
-                f"{source}: its task settings do not fit {cls.__name__} ({_first_line(error)})"
+                f"{source}: its task settings do not fit {cls.__name__} ({first_line(error)})"
             ) from None
         task.on_load_checkpoint(checkpoint)
         try:
             task.load_state_dict(state)
         except RuntimeError as error:
             raise zoo.CheckpointError(
-                f"{source}: its tensors do not fit {cls.__name__} ({_first_line(error)})"
+                f"{source}: its tensors do not fit {cls.__name__} ({first_line(error)})"
             ) from None
         return task
 
@@ -357,7 +340,7 @@ class ZooTask(L.LightningModule):
             k = clash[0]
             problems.append(
                 f"{len(clash)} tensors differ in shape, e.g. {k} {tuple(state[k].shape)} there, "
-                f"{tuple(own[k].shape)} here ({_size_diff(theirs, mine)})"
+                f"{tuple(own[k].shape)} here ({size_diff(theirs, mine)})"
             )
         loaded = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
         if problems and not partial:
@@ -398,53 +381,6 @@ class ZooTask(L.LightningModule):
             warmup_cosine(self.scheduler_settings["warmup_steps"], total, self.scheduler_settings["min_lr_ratio"]),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def no_base_error(why: str) -> zoo.ConfigError:
-    """The refusal of ``adapter.save=only`` in a run whose base could not be named (``why``)."""
-    return zoo.ConfigError(
-        f"adapter.save=only keeps the frozen base out of checkpoints, but this run has {why}: its "
-        f"base would be lost; set init_from=<checkpoint, HF folder or GGUF file>, or "
-        f"adapter.save=full"
-    )
-
-
-def check_tensors(cfg: zoo.ModelConfig, state: dict[str, Any], source: str) -> None:
-    """Raise a CheckpointError unless ``state`` holds the tensors of the model ``cfg`` describes,
-    before anything is allocated (``zoo.check_weights``)."""
-    shapes = {
-        k.removeprefix("model."): tuple(v.shape)
-        for k, v in state.items()
-        if k.startswith("model.") and isinstance(v, torch.Tensor)
-    }
-    zoo.check_weights(cfg, shapes, source=source)
-
-
-def _first_line(error: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _size_diff(theirs: zoo.ModelConfig, mine: zoo.ModelConfig) -> str:
-    fields = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
-    diffs = [
-        f"{f}={getattr(theirs, f)} there, {getattr(mine, f)} here"
-        for f in fields
-        if getattr(theirs, f) != getattr(mine, f)
-    ]
-    return "; ".join(diffs) or "same sizes"
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
-    """LR multiplier: linear from 1/warmup to 1, then half a cosine down to ``min_ratio``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def top_count(top: Any) -> int:

@@ -294,3 +294,15 @@ def _number(field: str, value: Any, rule: str, ok: Callable[[float], bool]) -> f
         text = " (YAML reads 1e-3 as text: write 1.0e-3)" if isinstance(value, str) else ""
         raise zoo.ConfigError(f"optimizer.{field}={value!r} must be a number {rule}{text}")
     return float(value)
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
+    """LR multiplier: linear from 1/warmup to 1, then half a cosine down to ``min_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor

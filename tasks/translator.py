@@ -19,7 +19,7 @@ from tasks.data.tokenizers import added_around
 from tasks.loggers import sample_block
 from tasks.text_metrics import ChrF
 from zoo.beam_search import check_beams
-from zoo.config import FloatRange
+from zoo.ranges import FloatRange
 
 SETTING_RANGES = {
     "label_smoothing": FloatRange(0.0, 1.0, hint="the probability spread over the other tokens"),

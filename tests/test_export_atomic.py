@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from test_export_safety import assert_one_line_error, export_in_process, modes, normal_mode, snapshot, zoo_export
 
 import zoo
+import zoo.folders
 from tasks.cli import export
 from tasks.cli.loading import load_task
 
@@ -240,8 +241,8 @@ def test_only_dead_writers_temporary_folders_are_removed(tmp_path):
             "-c",
             textwrap.dedent(f"""
         import sys, time
-        import zoo.io
-        with zoo.io.atomic_folder({str(tmp_path / "out")!r}) as stage:
+        import zoo.folders
+        with zoo.folders.atomic_folder({str(tmp_path / "out")!r}) as stage:
             print(stage, flush=True)
             time.sleep(120)
     """),
@@ -258,15 +259,15 @@ def test_only_dead_writers_temporary_folders_are_removed(tmp_path):
         for other in others:
             other.mkdir()
         (tmp_path / f".out.zoo-{dead_pid()}-linkabcd.tmp").symlink_to(tmp_path / ".out.old")
-        assert zoo.io.remove_stale_stages(out) == [dead]
+        assert zoo.folders.remove_stale_stages(out) == [dead]
         assert running.is_dir() and alive.is_dir() and locked.is_dir() and all(p.is_dir() for p in others)
         os.close(fd)
-        assert zoo.io.remove_stale_stages(out) == [locked]
+        assert zoo.folders.remove_stale_stages(out) == [locked]
     finally:
         writer.kill()
         writer.wait()
     time.sleep(0.1)
-    assert zoo.io.remove_stale_stages(out) == [running]
+    assert zoo.folders.remove_stale_stages(out) == [running]
 
 
 # ---- merging into a previous export ------------------------------------------------------------------

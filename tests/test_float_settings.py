@@ -18,9 +18,10 @@ from tasks.cli.checks import check_composition
 from tasks.cli.schemas import conf_dir
 from tasks.cli.values import MAX_SEED, check_seed, check_values
 from tasks.translator import TranslatorTask
-from zoo.config import FLOAT_RANGES, FloatRange
+from zoo.config import FLOAT_RANGES
 from zoo.gguf.names import ARCHS
 from zoo.gguf.reader import GGUFFile
+from zoo.ranges import FloatRange
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
 

@@ -12,7 +12,7 @@ from conftest import tiny_config
 from hydra import compose, initialize_config_dir
 from real_commands import run
 
-from tasks.base import DECODING, loaded_line
+from tasks.base import DECODING
 from tasks.cli import export
 from tasks.cli.export_hf import hf_generation
 from tasks.cli.generate import settings_of
@@ -20,6 +20,7 @@ from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
 from tasks.cli.training import setup_rows
 from tasks.generator import GeneratorTask
+from tasks.init_from import loaded_line
 
 
 def generate_config(*overrides: str):

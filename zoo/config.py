@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from zoo.ranges import POSITIVE, FloatRange
 from zoo.registry import ARCH, ATTENTION, FFN, MASK, NORM, NORM_PLACEMENT, POSITION, REGISTRIES, ConfigError, readers
 
 if TYPE_CHECKING:
@@ -309,37 +310,6 @@ class ModelConfig:
             raise ConfigError(f"gelu_approximate={self.gelu_approximate!r} must be 'none' or 'tanh'")
 
 
-@dataclass(frozen=True)
-class FloatRange:
-    """The finite numbers a float field takes: from ``low`` (excluded when ``low_open``) to ``high``
-    (excluded when ``high_open``; ``math.inf``: no upper end). ``hint`` says what the field means."""
-
-    low: float
-    high: float = math.inf
-    low_open: bool = False
-    high_open: bool = True
-    hint: str = ""
-
-    def holds(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def __str__(self) -> str:
-        """What a value must do, after ``must``: ``lie in [0, 1)``, ``be > 0 and finite``, ``be finite``."""
-        if self.high != math.inf:
-            low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            rule = f"lie in {low}{self.low:g}, {self.high:g}{high}"
-        elif self.low != -math.inf:
-            rule = f"be {'>' if self.low_open else '>='} {self.low:g} and finite"
-        else:
-            rule = "be finite"
-        return rule + (f" ({self.hint})" if self.hint else "")
-
-
-POSITIVE = FloatRange(0.0, low_open=True)
 FLOAT_RANGES: dict[str, FloatRange] = {
     "dropout": FloatRange(0.0, 1.0, hint="the fraction of activations dropped"),
     "attn_dropout": FloatRange(0.0, 1.0, hint="null: = dropout"),

@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.base import no_base_error
 from tasks.cli.schemas import model_config
 from tasks.cli.values import check_values
+from tasks.init_from import no_base_error
 from tasks.optim import optimizer_settings
 from tasks.strategy import ZooStrategy, strategy_class
 from zoo.generation import free_bytes

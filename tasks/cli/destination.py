@@ -13,6 +13,7 @@ from typing import Any
 
 import zoo
 from tasks.errors import UserError
+from zoo.folders import check_folder_path
 
 RECORD = "zoo_export"  # the key of config.json that marks a folder zoo-export wrote
 
@@ -37,7 +38,7 @@ def exported_files(folder: Path) -> list[str] | None:
 def check_out(out: Path) -> None:
     """Refuse an ``out=`` that no export can become: a symbolic link, a file, or a path below a file."""
     try:
-        zoo.io.check_folder_path(out)
+        check_folder_path(out)
     except FileExistsError as error:
         raise UserError(f"out={error}") from None
 

@@ -36,6 +36,7 @@ from tasks import ZooTask
 from tasks.cli.export_hf import masked_diff
 from tasks.data.tokenizers import added_around
 from tasks.errors import UserError
+from zoo.folders import atomic_folder
 from zoo.gguf.archs import gemma2_scalar
 from zoo.gguf.tokenizer import tokenizer_vocab
 from zoo.io import atomic_write_text
@@ -118,7 +119,7 @@ def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], ca
     staged folder; the logit difference from the checkpoint and the line zoo-export prints."""
     tokenizer, specials = task.export_tokenizer(), task.special_tokens
     before, _ = added_around(tokenizer)
-    with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
+    with atomic_folder(out, merge=True, last=["config.json"]) as stage:
         arch = zoo.to_gguf(
             task.model,
             stage / FILE,

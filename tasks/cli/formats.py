@@ -27,6 +27,7 @@ from tasks.cli.destination import RECORD, check_destination, check_new, export_r
 from tasks.cli.export_gguf import export_gguf, gguf_problem, require_gguf
 from tasks.cli.export_hf import export_hf
 from tasks.cli.export_onnx import ExportGraph, onnx_difference, onnx_program, require_onnx
+from zoo.folders import atomic_folder
 from zoo.io import atomic_write_text
 from zoo.registry import Registry
 
@@ -147,7 +148,7 @@ def export_safetensors(task: ZooTask, info: dict, out: Path, card: str | None = 
         **task.export_info(head_in_graph=Safetensors.head_in_graph),
         RECORD: export_record(out, "safetensors", files),
     }
-    with zoo.io.atomic_folder(out, merge=True, last=["config.json"]) as stage:
+    with atomic_folder(out, merge=True, last=["config.json"]) as stage:
         zoo.save_pretrained(task.model, stage, extra=extra)
         atomic_write_text(stage / "config.yaml", info["config_yaml"])
         if card is not None:
@@ -206,7 +207,7 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | No
     require_onnx()
     program, graph = onnx_program(task, opset)
     card_file = ["README.md"] if card is not None else []
-    with zoo.io.atomic_folder(out, merge=True, last=["model.onnx", "config.json"]) as stage:
+    with atomic_folder(out, merge=True, last=["model.onnx", "config.json"]) as stage:
         with zoo.io.naming(stage / "model.onnx"):
             program.save(stage / "model.onnx")  # + model.onnx.data when over torch's single-file limit
         record = export_record(out, "onnx", ["config.json", *os.listdir(stage), "tokenizer.json", *card_file])

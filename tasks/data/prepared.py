@@ -7,7 +7,7 @@ file (``uint16`` when the vocabulary fits, else ``uint32``) with the end offset 
 ``~/.cache/zoo``) named by a hash of what decides the ids: the sources' identity (a local corpus: each
 file's path, size and modification time; any other source: its records' text), the split settings
 and the tokenizer. A changed file or tokenizer is a new name, never a stale map. The folder is
-written whole (``zoo.io.atomic_folder``) under a lock: a second process preparing the same corpus
+written whole (``zoo.folders.atomic_folder``) under a lock: a second process preparing the same corpus
 waits and reuses it, and what a killed preparation left is removed by the next one.
 
 The tokenizer is trained on a seeded sample of the training split (``tokenizer_sample_mb``) and kept
@@ -40,7 +40,8 @@ from tokenizers import Tokenizer
 
 from tasks.data.token_files import SplitTokens
 from tasks.errors import DataError
-from zoo.io import atomic_folder, atomic_write_text
+from zoo.folders import atomic_folder
+from zoo.io import atomic_write_text
 
 CACHE_ENV = "ZOO_CACHE"
 VERSION = 1  # of the layout below: a new one is a new cache name

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.config import POSITIVE, ModelConfig
+from zoo.config import ModelConfig
 from zoo.gguf.names import (
     _ROPE_KEYS,
     _ROPE_SLOTS,
@@ -37,6 +37,7 @@ from zoo.gguf.names import (
     _common,
 )
 from zoo.mask import windowed_layers
+from zoo.ranges import POSITIVE
 
 GEMMA2_27B_LAYERS = 46  # llama.cpp takes a 46-layer gemma2 for the 27B and scales its scores by d_model / n_heads
 

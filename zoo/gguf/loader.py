@@ -17,13 +17,14 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from zoo.config import FloatRange, ModelConfig
+from zoo.config import ModelConfig
 from zoo.gguf.names import ARCHS, EXPERTS, Arch, Slot, convert, hf_tensors, per_expert
 from zoo.gguf.reader import MISSING, GGUFFile
 from zoo.gguf.tokenizer import build_tokenizer, read_specials, read_vocab
 from zoo.hf.mapping import FAMILIES, Importer
 from zoo.io import CheckpointError
 from zoo.models import ZooModel, build_model
+from zoo.ranges import FloatRange
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 EXTENSION = FloatRange(1.0, hint="the context extension; 1: none")  # rope.scaling.factor, rope.scale_linear

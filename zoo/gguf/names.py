@@ -32,8 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zoo.config import POSITIVE, FloatRange, ModelConfig
+from zoo.config import ModelConfig
 from zoo.hf.mapping import FAMILIES, Exporter
+from zoo.ranges import POSITIVE, FloatRange
 from zoo.registry import Registry
 
 PLAIN, CONV1D, ROPE_Q, ROPE_K = "plain", "conv1d", "rope_q", "rope_k"

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zoo.config import FloatRange
 from zoo.io import CheckpointError
+from zoo.ranges import FloatRange
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from zoo.config import ModelConfig
+from zoo.folders import atomic_folder
 from zoo.hf import families as _families  # noqa: F401  (fill FAMILIES)
 from zoo.hf import gemma2 as _gemma2  # noqa: F401  (registers gemma2 after rope_decoders' families)
 from zoo.hf import mixtral as _mixtral  # noqa: F401  (registers mixtral)
@@ -33,7 +34,7 @@ from zoo.hf import olmo2 as _olmo2  # noqa: F401  (registers olmo2)
 from zoo.hf import rope_decoders as _rope_decoders  # noqa: F401
 from zoo.hf.folder import is_hf_folder, read_config, read_tensors, resolve, tensor_headers, weight_files, write_json
 from zoo.hf.mapping import FAMILIES, PIPELINE_TAGS, Exporter, Family, HFClass, Importer
-from zoo.io import CheckpointError, atomic_folder, atomic_write_with
+from zoo.io import CheckpointError, atomic_write_with
 from zoo.models import ZooModel
 from zoo.pretrained import DEPTHS, meta_model
 from zoo.registry import ConfigError

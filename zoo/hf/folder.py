@@ -1,6 +1,6 @@
 """Hugging Face model folders on disk: reading one as ``save_pretrained`` writes it (config.json and
 model.safetensors, sharded safetensors, or pytorch_model.bin read weights-only), resolving a hub
-repo id to its cached folder. ``zoo.to_hf`` writes one through ``zoo.io.atomic_folder``.
+repo id to its cached folder. ``zoo.to_hf`` writes one through ``zoo.folders.atomic_folder``.
 
 Every file is read through ``zoo.io.read_handed`` / ``handed_path``: it must be the folder's own
 (no link out of it but into a hub cache's blobs, a regular file, no hard link to a name elsewhere)
