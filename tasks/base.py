@@ -154,12 +154,12 @@ class ZooTask(L.LightningModule):
         """Give the task ``train_metrics``, ``val_metrics`` and ``test_metrics``: a MetricCollection per
         stage made by ``metrics``. Each task calls it last in its ``__init__``, when what the metrics
         need (e.g. the number of labels) is known."""
-        for stage in STAGES:
-            setattr(self, f"{stage}_metrics", MetricCollection(self.metrics(stage), prefix=f"{stage}/"))
+        train, val, test = (MetricCollection(self.metrics(stage), prefix=f"{stage}/") for stage in STAGES)
+        self.train_metrics, self.val_metrics, self.test_metrics = train, val, test
 
     def metrics_at(self, stage: str) -> MetricCollection:
         """The MetricCollection of ``stage`` (empty when the task keeps no metrics there)."""
-        return getattr(self, f"{stage}_metrics")
+        return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
 
     def model_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
         """The loss of one batch at ``stage``; updates ``metrics_at(stage)`` with what the batch shows."""

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+
+from tasks.data.loading import ZooDataset
 
 
 def id_width(vocab_size: int) -> type[np.unsignedinteger]:
@@ -52,7 +53,7 @@ class Ragged:
         return self.chunks[chunk][start - first : end - first].tolist()
 
 
-class ColumnDataset(Dataset):
+class ColumnDataset(ZooDataset):
     """Examples as tuples, one value from each column: a :class:`Ragged` of ids, or a plain sequence
     (labels, reference texts). ``lengths``: each example's, for length bucketing."""
 

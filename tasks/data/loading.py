@@ -14,7 +14,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 
-class ListDataset(Dataset):
+class ZooDataset(Dataset):
+    """A split's examples as a data module builds them. ``lengths``: each example's length, which
+    the loaders bucket by; None: the examples are alike (full blocks) and batches are plain shuffles."""
+
+    lengths: Sequence[int] | None = None
+
+
+class ListDataset(ZooDataset):
     def __init__(self, items: Sequence[Any], lengths: Sequence[int] | None = None) -> None:
         self.items, self.lengths = items, lengths
 

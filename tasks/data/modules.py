@@ -18,10 +18,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
-from torch.utils.data import Dataset
 
 from tasks.data.columns import ColumnDataset
-from tasks.data.loading import ListDataset
+from tasks.data.loading import ListDataset, ZooDataset
 from tasks.data.prepared import encode_fast, joined
 from tasks.data.settings import LMData, MLMData, TranslationData
 from tasks.data.text_module import PreparedDataModule, TextDataModule
@@ -114,7 +113,7 @@ class LMDataModule(PreparedDataModule):
             raise self.no_block(name, split.tokens)
         return blocks
 
-    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> ZooDataset:
         """The blocks of ``records`` built in memory, as ``prepared_dataset`` reads them from the cache."""
         ids: list[int] = []
         last: list[int] = []
@@ -157,7 +156,7 @@ class ClassificationDataModule(TextDataModule):
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
-    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> ZooDataset:
         """(ids, label) examples, the ids held compactly (tasks/data/columns.py); records of a label the
         training split lacks are left out. One pass over ``records`` (two for the training split)."""
         if split == "train":
@@ -204,7 +203,7 @@ class MLMDataModule(PreparedDataModule):
     def prepare_tokenizer(self, tokenizer: Tokenizer) -> Tokenizer:
         return encoder_tokenizer(tokenizer, self.specials, self.seq_len)
 
-    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> ZooDataset:
         """The documents of ``records`` in memory (``setup`` reads them from the prepared map)."""
         items = [ids for r in records if len(ids := self.encode(r["text"])) > MIN_TOKENS]
         return ListDataset(items, [len(ids) for ids in items])
@@ -263,7 +262,7 @@ class TranslationDataModule(TextDataModule):
     def texts(self, record: dict[str, Any]) -> list[str]:
         return [record["source"], record["target"]]
 
-    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> ZooDataset:
         """(source ids, target ids, target text) examples, the ids held compactly (tasks/data/columns.py);
         the target texts are kept as the references a score reads. Two passes over ``records``."""
         sources = self.encoded((r["source"] for r in records), ended=True)

@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from tasks.data.columns import Ragged, id_width
 from tasks.data.loading import (
@@ -32,6 +32,7 @@ from tasks.data.loading import (
     EpochBatchSampler,
     ResumableLoader,
     ShuffledBatchSampler,
+    ZooDataset,
     world_rank,
 )
 from tasks.data.prepared import (
@@ -95,14 +96,14 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.specials = Specials.zoo()
         self.added: tuple[list[int], list[int]] = ([], [])  # ids the tokenizer puts before / after a text (setup)
-        self.datasets: dict[str, Dataset] = {}
+        self.datasets: dict[str, ZooDataset] = {}
 
     # ---- what subclasses define -----------------------------------------------------------------
     def texts(self, record: dict[str, Any]) -> list[str]:
         """The texts of a record the tokenizer learns from."""
         return [record["text"]]
 
-    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> Dataset:
+    def build_dataset(self, records: Iterable[dict[str, Any]], split: str) -> ZooDataset:
         """The examples of one split's ``records``, which may be read more than once (a list, or a
         :class:`SplitRecords` that reads a streamed source again on each pass), never indexed."""
         raise NotImplementedError
@@ -242,7 +243,7 @@ class TextDataModule(L.LightningDataModule):
         With the trainer's overfit_batches every epoch repeats the first one (Lightning unshuffles
         only loaders with a RandomSampler)."""
         dataset = self.datasets["train"]
-        lengths = getattr(dataset, "lengths", None)
+        lengths = dataset.lengths
         world, rank = world_rank()
         repeat = bool(self.trainer and self.trainer.overfit_batches)
         if lengths is None:
@@ -267,7 +268,7 @@ class TextDataModule(L.LightningDataModule):
         DataLoader's iterator draws its workers' base seed from it, not from the global RNG that
         dropout uses (a validation would otherwise shift the training run's random stream)."""
         dataset = self.datasets[split]
-        lengths = getattr(dataset, "lengths", None)
+        lengths = dataset.lengths
         world, rank = world_rank()
         if lengths is None:
             sampler = DistributedSampler(dataset, world, rank, shuffle=False) if world > 1 else None
@@ -340,7 +341,7 @@ class PreparedDataModule(TextDataModule):
         """The ids of ``texts`` one after the other, and the length of each text's."""
         raise NotImplementedError
 
-    def prepared_dataset(self, split: SplitTokens, name: str) -> Dataset:
+    def prepared_dataset(self, split: SplitTokens, name: str) -> ZooDataset:
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
+from tasks.data.loading import ZooDataset
 from tasks.errors import DataError
 
 
@@ -106,13 +106,11 @@ class DocumentEnds:
         return ends[(ends > start) & (ends <= stop)]
 
 
-class TokenBlocks(Dataset):
+class TokenBlocks(ZooDataset):
     """Blocks of ``block`` consecutive ids of a prepared split, block i at ids[i*block : (i+1)*block]
     (what is left after the last full block is not used), each read from the split's file when asked
     for (:class:`IdReader`). ``documents``: each block comes as (2, block), its ids and, from the split's
     index (:class:`DocumentEnds`), 1 where a document ends (its last id), 0 elsewhere."""
-
-    lengths = None  # all blocks are full: no bucketing
 
     def __init__(self, split: SplitTokens, block: int, *, documents: bool = False) -> None:
         self.split, self.block = split, block
@@ -143,7 +141,7 @@ class TokenBlocks(Dataset):
         return torch.stack([self[i] for i in range(len(self))])
 
 
-class TokenDocuments(Dataset):
+class TokenDocuments(ZooDataset):
     """The documents of a prepared split with more than ``longer_than`` ids, each a list of its ids read
     from the split's file when asked for; ``lengths`` (for bucketing) from the split's document ends,
     nothing else held in memory."""
