@@ -1,5 +1,5 @@
 """The old home of tensor parallelism's checks, kept so that old imports work: they live in
-tasks.parallel.checks."""
+tasks.parallel.checks, and ``whole_parameters`` in tasks.parallel.plan."""
 
 from tasks.parallel.checks import (
     DATA_PARALLEL,
@@ -7,8 +7,8 @@ from tasks.parallel.checks import (
     check_devices,
     check_sequence_parallel,
     check_tensor_parallel,
-    whole_parameters,
 )
+from tasks.parallel.plan import whole_parameters
 
 __all__ = [
     "DATA_PARALLEL",

@@ -1,41 +1,18 @@
-"""What ``trainer=tp`` (tasks.parallel.tensor) cannot split, refused in one line that names the field and the
-fix: asked when a run is composed (``TensorParallelStrategy.check_model``) and again when the strategy
-connects the model."""
+"""What ``trainer=tp`` (tasks.parallel.tensor) cannot run, refused in one line that names the field and
+the fix: a model its groups cannot split (the plan's refusals, tasks.parallel.plan), devices that do not
+form whole groups, the strategy's settings, and what sequence parallelism cannot split. Asked when a run
+is composed (``TensorParallelStrategy.check_model``) and again when the strategy connects the model."""
 
 from __future__ import annotations
 
-from torch import nn
-
 import zoo
-from zoo.attention import Attention
-from zoo.ffn import MLP
-from zoo.registry import FFN
+from tasks.parallel.plan import TensorPlan
 
 
 def check_tensor_parallel(model: zoo.ZooModel, degree: int) -> None:
-    """Raise ConfigError for a model that ``degree`` ranks cannot split, naming the field and the fix."""
-    cfg = model.config
-    for field, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.resolved_n_kv_heads), ("d_ff", cfg.resolved_d_ff)):
-        if size % degree:
-            raise zoo.ConfigError(
-                f"model.{field}={size} does not split over {degree} tensor-parallel ranks (trainer=tp: "
-                f"trainer.strategy.tensor_parallel_size, all trainer.devices unless set); choose a multiple of "
-                f"{degree}, or another tensor_parallel_size"
-            )
-    if cfg.qk_norm != "none" and cfg.qk_norm_scope == "all":
-        raise zoo.ConfigError(
-            "model.qk_norm_scope='all' normalises across every head, which trainer=tp splits; "
-            "use qk_norm_scope=head, or trainer=ddp"
-        )
-    for stack in model.stacks():
-        if stack.position.has_bias:
-            raise zoo.ConfigError(
-                f"model.position={cfg.position!r} adds a bias per head, which trainer=tp does not split; "
-                f"choose a position without one (e.g. rope), or trainer=ddp"
-            )
-        for block in stack.blocks:
-            for sublayer, _ in block.branches():
-                _check_sublayer(sublayer, cfg)
+    """Raise ConfigError for a model that ``degree`` ranks cannot split, naming the field and the fix
+    (the refusals are the plan's: ``TensorPlan.check``)."""
+    TensorPlan.of(model, degree)
 
 
 def check_devices(devices: int, degree: int) -> None:
@@ -73,26 +50,3 @@ def check_sequence_parallel(model: zoo.ZooModel) -> None:
             f"model.arch={cfg.arch!r}: trainer.strategy.sequence_parallel splits a stack's own positions, and "
             f"cross-attention reads the encoder's whole output; set sequence_parallel=false"
         )
-
-
-def _check_sublayer(sublayer: nn.Module, cfg: zoo.ModelConfig) -> None:
-    for name, child in sublayer.named_children():
-        if isinstance(child, nn.Linear) and type(child) is not nn.Linear:
-            raise zoo.ConfigError(
-                f"adapter: layer {name} is a {type(child).__name__}, which trainer=tp cannot split; train "
-                f"without an adapter (adapter=none), or with trainer=ddp"
-            )
-    if isinstance(sublayer, Attention):
-        return
-    if not isinstance(sublayer, MLP) or whole_parameters(sublayer):
-        dense = ", ".join(n for n in FFN.names() if issubclass(FFN.get(n), MLP))
-        raise zoo.ConfigError(
-            f"model.ffn={cfg.ffn!r} ({type(sublayer).__name__}) cannot be split by trainer=tp, which splits "
-            f"the dense FFNs ({dense}); choose one of them, or trainer=ddp"
-        )
-
-
-def whole_parameters(sublayer: nn.Module) -> list[nn.Parameter]:
-    """The parameters of ``sublayer`` outside its Linear children (sharded or not)."""
-    linear = {id(p) for m in sublayer.children() if isinstance(m, nn.Linear) for p in m.parameters()}
-    return [p for p in sublayer.parameters() if id(p) not in linear]

@@ -4,7 +4,8 @@ FFN width split over the ranks of one tensor-parallel group, as Megatron-LM spli
 along the sequence (Korthikanti et al. 2022, https://arxiv.org/abs/2205.05198, section 4.2.2).
 
 Notation: N ranks (the tensor-parallel degree), r this rank; B batch, T positions, D model width; H, KV as
-in zoo.attention. The plan, per block (``split_model``):
+in zoo.attention. The plan, per block (``split_model``; each sublayer declares its part,
+``Sublayer.tensor_split``, read into a ``TensorPlan``: tasks.parallel.plan):
 
 - attention: the input projections (self-attention's fused ``qkv``, cross-attention's ``q`` and fused
   ``kv``) are column-parallel: rank r holds query heads r*H/N .. (r+1)*H/N - 1 and the KV/N key/value
@@ -28,7 +29,7 @@ T/N positions on each rank, so their gradients are summed over the ranks.
 Design. Zoo's fused layers keep their rows segment by segment ([q; k; v], [gate; up]), so a contiguous
 share of the rows would give a rank some q rows and some k rows. Each rank holds instead its slice of
 *every* segment ([q_r; k_r; v_r]) as a plain tensor under zoo's own parameter name, in a layer that knows
-its segments (``ShardedLinear``); attention is told its local head counts (``n_heads``, ``n_kv_heads``).
+its segments (``ShardedLinear``); attention is told its local head counts (``Sublayer.keep_share``).
 The strategy gathers the slices into zoo's full layout when it saves (weights and optimizer state) and
 cuts its slices out of a full checkpoint when it loads, so one file resumes under any number of ranks,
 one process included, and every tool that reads checkpoints reads these.
@@ -56,10 +57,9 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 import zoo
-from tasks.parallel.checks import check_sequence_parallel, check_tensor_parallel, whole_parameters
-from zoo.attention import Attention
+from tasks.parallel.checks import check_sequence_parallel
+from tasks.parallel.plan import SublayerPlan, TensorPlan
 from zoo.blocks import Block
-from zoo.sublayer import Sublayer
 
 
 def cut(whole: Tensor, segments: Sequence[int], dim: int, rank: int, degree: int) -> Tensor:
@@ -191,66 +191,44 @@ class RowParallelLinear(ShardedLinear):
 
 
 def split_model(model: zoo.ZooModel, group: ProcessGroup, *, sequence_parallel: bool = False) -> None:
-    """Split every block of ``model`` over the ranks of ``group``, in place, by the plan of this module.
-    Every rank must hold the same weights. A model split already is left as it is (Lightning configures
-    the model again for testing). The gradients of ``group_summed_parameters`` are summed over the group
-    by hooks on those parameters (FSDP, which replaces the parameters, drops them: tasks.parallel.fsdp)."""
+    """Split every block of ``model`` over the ranks of ``group``, in place, by its plan (computed once
+    here: checked, then applied). Every rank must hold the same weights. A model split already is left as
+    it is (Lightning configures the model again for testing). The gradients of the plan's group-summed
+    parameters are summed over the group by hooks on them (FSDP, which replaces the parameters, drops
+    them: tasks.parallel.fsdp)."""
     if cut_parameters(model):
         return
-    check_tensor_parallel(model, dist.get_world_size(group))
+    plan = TensorPlan.of(model, dist.get_world_size(group))
     if sequence_parallel:
         check_sequence_parallel(model)
+    for entry in plan.sublayers():
+        _split_sublayer(entry, group, sequence_parallel)
     for stack in model.stacks():
-        for block in stack.blocks:
-            for sublayer, _ in block.branches():
-                _split_sublayer(sublayer, group, sequence_parallel)
         if sequence_parallel and len(stack.blocks):
             stack.blocks[0].register_forward_pre_hook(partial(_enter_sequence_parallel, group=group))
             stack.blocks[-1].register_forward_hook(partial(_leave_sequence_parallel, group=group))
-    for param in group_summed_parameters(model, sequence_parallel=sequence_parallel).values():
+    for param in plan.group_summed(sequence_parallel=sequence_parallel).values():
         param.register_hook(partial(summed, group=group))
 
 
 def group_summed_parameters(model: zoo.ZooModel, *, sequence_parallel: bool) -> dict[str, nn.Parameter]:
-    """The whole parameters of a split ``model`` that meet this rank's share alone, by name: attention's
-    own (qk_norm, value_residual: this rank's heads) and, with ``sequence_parallel``, the placements'
-    norms and the row-parallel biases (this rank's positions). Their gradients are summed over the group."""
-    chosen: list[nn.Parameter] = []
-    for stack in model.stacks():
-        for block in stack.blocks:
-            for sublayer, _ in block.branches():
-                chosen += whole_parameters(sublayer) if isinstance(sublayer, Attention) else []
-            if sequence_parallel:
-                biases = [m.bias for m in block.modules() if isinstance(m, RowParallelLinear) and m.bias is not None]
-                chosen += _placement_parameters(block) + biases
-    ids = {id(p) for p in chosen if p.requires_grad}
-    return {name: p for name, p in model.named_parameters() if id(p) in ids}
+    """The whole parameters of ``model`` whose gradients are summed over the group once it is split, by
+    name (``TensorPlan.group_summed``); the same names before and after the split."""
+    return TensorPlan.read(model).group_summed(sequence_parallel=sequence_parallel)
 
 
-def _split_sublayer(sublayer: Sublayer, group: ProcessGroup, sequence_parallel: bool) -> None:
-    """Its residual projections row-parallel, its other Linear layers column-parallel by their segments."""
-    outputs = {id(m) for m in sublayer.residual_projections()}
-    fused = sublayer.fused_segments()
-    for name, child in list(sublayer.named_children()):
-        if not isinstance(child, nn.Linear):
-            continue
-        if id(child) in outputs:
-            layer: ShardedLinear = RowParallelLinear(
-                child, [child.in_features], group, sequence_parallel=sequence_parallel
-            )
-        else:
-            segments = [rows for _, rows in fused.get(name, [(name, child.out_features)])]
-            layer = ColumnParallelLinear(child, segments, group, sequence_parallel=sequence_parallel)
+def _split_sublayer(entry: SublayerPlan, group: ProcessGroup, sequence_parallel: bool) -> None:
+    """Its layers replaced by their slices as its declaration says; then it keeps its share of the heads."""
+    sublayer, split = entry.sublayer, entry.split
+    assert split is not None  # the plan refuses a sublayer that cannot be split
+    for name, segments in split.column_parallel.items():
+        whole = sublayer.get_submodule(name)
+        setattr(sublayer, name, ColumnParallelLinear(whole, segments, group, sequence_parallel=sequence_parallel))
+    for name in split.row_parallel:
+        whole = sublayer.get_submodule(name)
+        layer = RowParallelLinear(whole, [whole.in_features], group, sequence_parallel=sequence_parallel)
         setattr(sublayer, name, layer)
-    if isinstance(sublayer, Attention):
-        degree = dist.get_world_size(group)
-        sublayer.n_heads, sublayer.n_kv_heads = sublayer.n_heads // degree, sublayer.n_kv_heads // degree
-
-
-def _placement_parameters(block: Block) -> list[nn.Parameter]:
-    """The parameters of ``block`` outside its sublayers: its placements' norms."""
-    inside = {id(p) for sublayer, _ in block.branches() for p in sublayer.parameters()}
-    return [p for p in block.parameters() if id(p) not in inside and p.requires_grad]
+    sublayer.keep_share(dist.get_world_size(group))
 
 
 def _enter_sequence_parallel(block: Block, args: tuple[Any, ...], *, group: ProcessGroup) -> tuple[Any, ...] | None:

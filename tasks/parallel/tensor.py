@@ -1,7 +1,8 @@
 """Tensor parallelism beside data parallelism (``trainer=tp``), on Lightning's ModelParallelStrategy:
 the devices of one node form a 2-D mesh (data_parallel x tensor_parallel). Each tensor-parallel group of
 ``tensor_parallel_size`` ranks holds one copy of the model, every block split over its ranks as Megatron-LM
-splits them (the layers and the plan: tasks.parallel.layers); the groups are data-parallel replicas.
+splits them (the plan: tasks.parallel.plan; the layers: tasks.parallel.layers); the groups are data-parallel
+replicas.
 
 Notation: N = tensor_parallel_size, R = devices / N replicas. The mesh puts ranks g*N .. g*N + N - 1 in
 group g; rank r of every group forms data-parallel group r.
