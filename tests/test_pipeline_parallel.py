@@ -1,4 +1,4 @@
-"""Pipeline parallelism (zoo/pipeline.py, tasks/pipeline.py, ``trainer=pp``): stages chained in one
+"""Pipeline parallelism (zoo/pipeline.py, tasks/parallel/pipeline.py, ``trainer=pp``): stages chained in one
 process compute the whole model; the refusals; and zoo-train on 2 processes (gloo) against 1: the same
 losses step for step, a checkpoint that is the one-process checkpoint (weights and optimizer state), and
 resumes from one process into pipeline stages and back."""
@@ -17,7 +17,7 @@ from parallel_runs import losses, resume_both_ways, train
 
 import zoo
 from tasks.cli.schemas import conf_dir
-from tasks.pipeline import PipelineParallelStrategy, _whole_order
+from tasks.parallel.pipeline import PipelineParallelStrategy, _whole_order
 from zoo.pipeline import Stage, check_pipeline, stage_layers, tied_embedding
 
 # ---- the stages, chained in one process ------------------------------------------------------------------

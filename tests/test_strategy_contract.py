@@ -13,8 +13,8 @@ import pytest
 from lightning.pytorch.strategies import DDPStrategy
 
 import zoo
-from tasks.parallel import TensorParallelStrategy
-from tasks.pipeline import PipelineParallelStrategy
+from tasks.parallel.pipeline import PipelineParallelStrategy
+from tasks.parallel.tensor import TensorParallelStrategy
 from tasks.strategy import PLAIN, ZooStrategy, pipeline_step_of, strategy_class, strategy_of
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"

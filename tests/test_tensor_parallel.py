@@ -1,4 +1,4 @@
-"""Tensor parallelism (tasks/parallel.py, ``trainer=tp``): the row layout of the cut layers, the
+"""Tensor parallelism (tasks/parallel/, ``trainer=tp``): the row layout of the cut layers, the
 refusals, the split model against the whole one on 2 CPU processes (gloo), sequence-parallel too, the
 whole model counted by the reports, the replicas sharded by FSDP2 against the whole model (4 processes),
 and zoo-train on 2 processes against 1 and as 2 replicas of a 2-way split (4 processes, whole or sharded)
@@ -25,10 +25,9 @@ from tasks import GeneratorTask, callbacks
 from tasks.callbacks import Throughput, WholeSummary
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
-from tasks.parallel import (
+from tasks.parallel.checks import check_tensor_parallel
+from tasks.parallel.layers import (
     ShardedLinear,
-    TensorParallelStrategy,
-    check_tensor_parallel,
     cut,
     grad_norm,
     join,
@@ -36,6 +35,7 @@ from tasks.parallel import (
     split_model,
     whole_parameter_count,
 )
+from tasks.parallel.tensor import TensorParallelStrategy
 from zoo.sublayer import Sublayer
 
 # ---- the layout: each rank holds its slice of every segment ------------------------------------------

@@ -1,4 +1,4 @@
-"""Tensor parallelism beside data parallelism (tasks/parallel.py, ``trainer=tp`` with
+"""Tensor parallelism beside data parallelism (tasks/parallel/, ``trainer=tp`` with
 ``tensor_parallel_size`` below ``trainer.devices``): 2 replicas of a 2-way split model on 4 gloo processes,
 replicated or sharded by FSDP2 (``data_parallel=fsdp``), against DDP on 2: the same gradients, losses and
 checkpoints, and resumes across one process, DDP and the mesh."""
@@ -17,15 +17,9 @@ from test_tensor_parallel import MODELS, _free_port, _Steps
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import zoo
-from tasks.parallel import (
-    grad_norm,
-    part,
-    sharded_tensors,
-    split_model,
-    whole,
-)
-from tasks.parallel_fsdp import local, shard_replicas, sum_over_group
-from tasks.parallel_layers import cut_parameters
+from tasks.parallel.fsdp import local, shard_replicas, sum_over_group
+from tasks.parallel.layers import cut_parameters, grad_norm, sharded_tensors, split_model
+from tasks.parallel.tensor import part, whole
 
 
 def _compare_sharded_replicas_with_whole(rank: int, port: int) -> None:

@@ -38,7 +38,7 @@ from zoo.kv_cache import KVCache, round_trip
 from zoo.position import apply_rotary
 from zoo.registry import ATTENTION, NORM
 from zoo.rules import ScoreMod
-from zoo.sublayer import Sublayer
+from zoo.sublayer import Sublayer, TensorSplit
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -92,6 +92,8 @@ class Attention(Sublayer):
     made, so parameters keep the order of the state_dict and of the seeded init).
     """
 
+    splits_by_tensor = True
+
     def __init__(
         self,
         d_model: int,
@@ -136,6 +138,15 @@ class Attention(Sublayer):
 
     def residual_projections(self) -> list[nn.Linear]:
         return [self.out]
+
+    def tensor_split(self) -> TensorSplit:
+        """The input projections column-parallel: rank r its query heads r*H/N .. (r+1)*H/N - 1 and the
+        KV/N key/value heads they read (GQA keeps its groups); ``out`` row-parallel. qk_norm's and
+        value_residual's weights meet this rank's heads alone."""
+        return self.linear_split({"n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads}, sums_own=True)
+
+    def keep_share(self, degree: int) -> None:
+        self.n_heads, self.n_kv_heads = self.n_heads // degree, self.n_kv_heads // degree
 
     @property
     def kernel(self) -> str:

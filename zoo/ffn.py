@@ -19,13 +19,14 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.registry import FFN
-from zoo.sublayer import FeedForward
+from zoo.sublayer import FeedForward, TensorSplit
 
 Activation = Callable[[Tensor], Tensor]
 
 
 class MLP(FeedForward):
     reads: ClassVar[frozenset[str]] = frozenset()  # the component settings it reads (zoo.registry.reads)
+    splits_by_tensor = True
 
     def __init__(self, d_model: int, d_ff: int, *, act: Activation, bias: bool) -> None:
         super().__init__()
@@ -45,6 +46,11 @@ class MLP(FeedForward):
 
     def residual_projections(self) -> list[nn.Linear]:
         return [self.proj]
+
+    def tensor_split(self) -> TensorSplit:
+        """``fc`` column-parallel (a GLU's gate and up rows cut alike, so each rank's units keep their
+        pairs), ``proj`` row-parallel: each rank its d_ff/N units."""
+        return self.linear_split({"d_ff": self.proj.in_features})
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.act(self.fc(x)))

@@ -1,17 +1,37 @@
 """The declared base of what a block holds in its residual branches (attention, FFN).
 
-Code that changes a model from outside (init, LoRA, a quantizer) asks a sublayer through these hooks
-instead of testing its class or looking for attributes by name, so a new component takes part by
-overriding them.
+Code that changes a model from outside (init, LoRA, a quantizer, tensor parallelism) asks a sublayer
+through these hooks instead of testing its class or looking for attributes by name, so a new component
+takes part by overriding them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor, nn
 
 from zoo.registry import FFN, Component
+
+
+@dataclass(frozen=True)
+class TensorSplit:
+    """How tensor parallelism (``trainer=tp``, tasks.parallel.plan) splits a sublayer over the N ranks of
+    a group, as Megatron-LM splits attention and the MLP (Shoeybi et al. 2019,
+    https://arxiv.org/abs/1909.08053, section 3): a column-parallel layer feeds a row-parallel one, so
+    each rank computes its share of the units between them alone."""
+
+    column_parallel: dict[str, tuple[int, ...]]
+    """Linear children (by attribute) cut along their output features, each segment of a fused layer
+    apart: attribute -> its segments' sizes in order (``fused_segments``; one segment if not fused)."""
+    row_parallel: tuple[str, ...]
+    """Linear children cut along their input features, whose partial outputs are summed over the ranks."""
+    sizes: dict[str, int]
+    """What each rank holds 1/N of, by the ModelConfig field that sets it: N must divide each."""
+    sums_own: bool = False
+    """Its parameters outside its Linear children (qk_norm, value_residual) are whole on every rank and
+    meet only this rank's share, so their gradients are summed over the ranks; False: it has none."""
 
 
 class Sublayer(Component, nn.Module):
@@ -21,6 +41,7 @@ class Sublayer(Component, nn.Module):
     # True: forward takes keep=, the (B, T) keep-mask of the new positions (None: nothing padded), as
     # Block.forward passes it from AttentionInputs.keep (an MoE router's losses skip the padding)
     reads_padding: ClassVar[bool] = False
+    splits_by_tensor: ClassVar[bool] = False  # True: ``tensor_split`` says how trainer=tp splits it
 
     def residual_projections(self) -> list[nn.Linear]:
         """The layers that write into the residual stream (init scales them down with depth)."""
@@ -46,6 +67,30 @@ class Sublayer(Component, nn.Module):
         row blocks in order, e.g. ``{"qkv": [("q", 512), ("k", 128), ("v", 128)]}``. An adapter adapts
         each block alone (LoRA's ``targets=[q, v]``); a layer not named here is one segment."""
         return {}
+
+    def tensor_split(self) -> TensorSplit | None:
+        """How tensor parallelism splits this sublayer over its ranks; None (the default): it cannot be
+        split (an MoE's stacked experts, a sublayer whose own weights would see one rank's units)."""
+        return None
+
+    def linear_split(self, sizes: dict[str, int], *, sums_own: bool = False) -> TensorSplit:
+        """The TensorSplit of a sublayer that is its Linear children: the residual projections
+        row-parallel, every other one column-parallel by its ``fused_segments``."""
+        fused, outputs = self.fused_segments(), {id(m) for m in self.residual_projections()}
+        columns: dict[str, tuple[int, ...]] = {}
+        rows: list[str] = []
+        for attr, child in self.named_children():
+            if not isinstance(child, nn.Linear):
+                continue
+            if id(child) in outputs:
+                rows.append(attr)
+            else:
+                columns[attr] = tuple(size for _, size in fused.get(attr, [(attr, child.out_features)]))
+        return TensorSplit(columns, tuple(rows), sizes, sums_own)
+
+    def keep_share(self, degree: int) -> None:
+        """Count what this rank holds once tensor parallelism has cut this sublayer's layers to 1/``degree``
+        of the ``sizes`` of its TensorSplit (attention: its heads); the default counts nothing."""
 
     def value_weights(self) -> list[Tensor]:
         """The weights that carry values into the residual stream, as views of row blocks: every

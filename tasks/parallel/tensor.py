@@ -1,7 +1,8 @@
 """Tensor parallelism beside data parallelism (``trainer=tp``), on Lightning's ModelParallelStrategy:
 the devices of one node form a 2-D mesh (data_parallel x tensor_parallel). Each tensor-parallel group of
 ``tensor_parallel_size`` ranks holds one copy of the model, every block split over its ranks as Megatron-LM
-splits them (the layers and the plan: tasks.parallel_layers); the groups are data-parallel replicas.
+splits them (the plan: tasks.parallel.plan; the layers: tasks.parallel.layers); the groups are data-parallel
+replicas.
 
 Notation: N = tensor_parallel_size, R = devices / N replicas. The mesh puts ranks g*N .. g*N + N - 1 in
 group g; rank r of every group forms data-parallel group r.
@@ -18,7 +19,7 @@ group g; rank r of every group forms data-parallel group r.
 - checkpoints: single files in zoo's layout, written by global rank 0; the slices are gathered over the
   tensor-parallel group of replica 0 alone (the other replicas hold the same weights and state).
 
-``data_parallel=fsdp`` shards the replicas instead (tasks.parallel_fsdp): each slice, each whole tensor
+``data_parallel=fsdp`` shards the replicas instead (tasks.parallel.fsdp): each slice, each whole tensor
 and their optimizer state split R ways by FSDP2; the gradients are averaged by its reduce-scatter, and
 checkpoints gather every shard over the replicas before joining the slices as above.
 
@@ -45,32 +46,18 @@ from torch.utils.data import DataLoader, DistributedSampler
 import zoo
 from tasks.base import ZooTask
 from tasks.data.loading import EpochBatchSampler
-from tasks.parallel_checks import check_data_parallel, check_devices, check_sequence_parallel, check_tensor_parallel
-from tasks.parallel_fsdp import local, shard_like, shard_replicas, sum_over_group, whole_over_replicas
-from tasks.parallel_layers import (
+from tasks.parallel.checks import check_data_parallel, check_devices, check_sequence_parallel, check_tensor_parallel
+from tasks.parallel.fsdp import local, shard_like, shard_replicas, sum_over_group, whole_over_replicas
+from tasks.parallel.layers import (
     ShardedLinear,
     average_gradients,
-    cut,
     cut_parameters,
     grad_norm,
-    join,
     sharded_tensors,
     split_model,
     whole_parameter_count,
 )
 from tasks.strategy import ZooStrategy
-
-__all__ = [
-    "ShardedLinear",
-    "TensorParallelStrategy",
-    "check_tensor_parallel",
-    "cut",
-    "grad_norm",
-    "join",
-    "sharded_tensors",
-    "split_model",
-    "whole_parameter_count",
-]
 
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)  # each entry's update reads its own state
 
@@ -94,9 +81,9 @@ class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
         tensor_parallel_size: ranks per tensor-parallel group, a divisor of ``trainer.devices``; "auto":
             all of them (one group, no data parallelism).
         sequence_parallel: keep the activations between sublayers split along the sequence in training
-            (tasks.parallel_layers); the training batches' length must be a multiple of the group size.
+            (tasks.parallel.layers); the training batches' length must be a multiple of the group size.
         data_parallel: "replicate": every replica holds its group's slices whole, gradients averaged after
-            backward; "fsdp": the replicas shard them with FSDP2 (tasks.parallel_fsdp).
+            backward; "fsdp": the replicas shard them with FSDP2 (tasks.parallel.fsdp).
         process_group_backend, timeout: as ModelParallelStrategy's.
     """
 
