@@ -123,7 +123,7 @@ class ZooTask(L.LightningModule):
 
     def pipeline_step(self) -> Callable[[ZooTask, dict[str, Any], str], Tensor] | None:
         """The strategy's ``pipeline_step`` when it runs the model as pipeline stages (trainer=pp:
-        tasks.pipeline; it calls the task's ``pipeline_loss`` on the last stage), else None."""
+        tasks.parallel.pipeline; it calls the task's ``pipeline_loss`` on the last stage), else None."""
         return pipeline_step_of(self._trainer)
 
     @cached_property

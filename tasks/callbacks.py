@@ -17,7 +17,7 @@ from torchmetrics import Metric, MetricCollection
 import zoo
 from tasks.errors import DivergedError, EndedOnPurpose
 from tasks.loggers import CSVLogger
-from tasks.parallel_layers import cut_parameters, whole_parameter_count
+from tasks.parallel.layers import cut_parameters, whole_parameter_count
 from zoo.stats import peak_flops
 
 
@@ -210,7 +210,7 @@ class ModelSummary(RichModelSummary):
 
 class WholeSummary(Summary):
     """Lightning's model summary with each layer's and the model's parameters counted as one process
-    holds them unsplit (tasks.parallel_layers.whole_parameter_count): under trainer=tp, not this rank's
+    holds them unsplit (tasks.parallel.layers.whole_parameter_count): under trainer=tp, not this rank's
     share."""
 
     @property

@@ -14,7 +14,7 @@ import zoo
 from tasks.base import ZooTask
 from tasks.chat import chat_prompt
 from tasks.loggers import sample_block
-from tasks.pipeline import PipelineBatch
+from tasks.parallel.pipeline import PipelineBatch
 
 
 class GeneratorTask(ZooTask):

@@ -11,7 +11,7 @@ from torchmetrics import Accuracy, Metric
 
 import zoo
 from tasks.base import ZooTask, top_count
-from tasks.pipeline import PipelineBatch
+from tasks.parallel.pipeline import PipelineBatch
 
 
 class MLMTask(ZooTask):

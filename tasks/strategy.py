@@ -1,7 +1,7 @@
 """What zoo's tasks, checks, summary and verbs ask of a training strategy, in one declared contract.
 
 A strategy of zoo's own (trainer=tp: ``tasks.parallel.TensorParallelStrategy``; trainer=pp:
-``tasks.pipeline.PipelineParallelStrategy``) subclasses :class:`ZooStrategy` beside its Lightning base
+``tasks.parallel.pipeline.PipelineParallelStrategy``) subclasses :class:`ZooStrategy` beside its Lightning base
 and overrides what it does differently. Lightning's own strategies (one device, DDP, FSDP) keep the
 model whole and get the defaults (:data:`PLAIN`). Callers ask :func:`strategy_of` (a running trainer's)
 or :func:`strategy_class` (a composed config's ``trainer.strategy._target_``), never ``getattr``.
