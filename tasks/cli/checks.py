@@ -141,8 +141,12 @@ def parameter_estimate(model: zoo.ModelConfig) -> int:
     """The parameters of ``model``, counted on the meta device (nothing allocated). A stack of more than
     ``EXACT_LAYERS`` blocks is counted from models of 1 and 2 blocks per stack, as 10^6 blocks take
     minutes to lay out even on the meta device."""
-    stacks = ("n_encoder_layers", "n_decoder_layers") if model.form.cross_attention else ("n_layers",)
-    depths = {name: getattr(model, f"resolved_{name}", model.n_layers) for name in stacks}
+    depths = (
+        {"n_encoder_layers": model.resolved_n_encoder_layers, "n_decoder_layers": model.resolved_n_decoder_layers}
+        if model.form.cross_attention
+        else {"n_layers": model.n_layers}
+    )
+    stacks = tuple(depths)
     if sum(depths.values()) <= EXACT_LAYERS:
         return _meta_count(model)
     base = _meta_count(model.replace(**dict.fromkeys(stacks, 1)))
