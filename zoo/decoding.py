@@ -34,15 +34,14 @@ from torch import Tensor
 from zoo.registry import Registry
 
 if TYPE_CHECKING:
-    from zoo.form import Form
+    from zoo.form import ContinuesPrompts, Form, Generates, TranslatesSources
     from zoo.kv_cache import Cache
-    from zoo.models import DecoderModel, EncoderDecoderModel, ZooModel
 
 CAPACITY_STEP = 128  # static caches hold a multiple of this many positions (or the model's limit)
 GRAPH_WARMUP = 2  # compiled steps run before a CUDA graph captures the next (the first one compiles)
 
 
-def static_capacity(model: ZooModel, positions: int) -> int:
+def static_capacity(model: Generates, positions: int) -> int:
     """The capacity of a static cache that must hold ``positions``: the next multiple of
     ``CAPACITY_STEP``, but no more than the model's positions can number."""
     rounded = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
@@ -169,7 +168,7 @@ class Steps:
 
 
 def _decoder_logits(
-    model: DecoderModel,
+    model: ContinuesPrompts,
     ids: Tensor,
     mask: Tensor | None,
     positions: Tensor | None,
@@ -182,7 +181,7 @@ def _decoder_logits(
 
 
 def _decoder_step(
-    model: DecoderModel,
+    model: ContinuesPrompts,
     token: Tensor,
     cache: Cache,
     keys_mask: Tensor | None,
@@ -196,7 +195,7 @@ def _decoder_step(
 
 
 def _decoder_start(
-    model: EncoderDecoderModel, ids: Tensor, cache: Cache | None, memory: Tensor, src_mask: Tensor | None
+    model: TranslatesSources, ids: Tensor, cache: Cache | None, memory: Tensor, src_mask: Tensor | None
 ) -> Tensor:
     """Next-token logits (B, V) after the target ``ids`` (B, T); the decoder's step, compiled for a
     static cache (whose cross-attention already holds the encoder's keys and values)."""
@@ -233,12 +232,12 @@ class DecoderSteps(Steps):
     def held(cls, width: int) -> int:
         return width
 
-    def __init__(self, model: DecoderModel, ids: Tensor, mask: Tensor, caching: str | None, max_new: int) -> None:
+    def __init__(self, model: ContinuesPrompts, ids: Tensor, mask: Tensor, caching: str | None, max_new: int) -> None:
         self.model, self.caching = model, caching
         B, T = ids.shape
         self._hold(ids, max_new)
         self.padded = not bool(mask.all())
-        self.prefix_len = T if model.decoder.mask.needs_prefix_len else None  # the prompt
+        self.prefix_len = T if model.needs_prefix_len else None  # the prompt
         self.cache: Cache | None = None
         self.static: StaticStep | None = None
         width = T + max_new
@@ -303,7 +302,7 @@ class EncoderDecoderSteps(Steps):
         return 1
 
     def __init__(
-        self, model: EncoderDecoderModel, src: Tensor, src_mask: Tensor, caching: str | None, max_new: int
+        self, model: TranslatesSources, src: Tensor, src_mask: Tensor, caching: str | None, max_new: int
     ) -> None:
         self.model, self.caching = model, caching
         self.src_mask = None if bool(src_mask.all()) else src_mask  # None: no padding to mask at any step

@@ -165,6 +165,11 @@ class DecoderModel(ZooModel):
     def stacks(self) -> list[Stack]:
         return [self.decoder]
 
+    @property
+    def needs_prefix_len(self) -> bool:
+        """Whether its mask reads where the prompt ends (``prefix``): decoding passes the prompt's length."""
+        return self.decoder.mask.needs_prefix_len
+
     def forward(
         self,
         input_ids: Tensor,

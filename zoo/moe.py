@@ -76,6 +76,17 @@ class ExpertLinear(nn.Module):
         return f"{n} x ({self.in_features} -> {self.out_features}), bias={self.bias is not None}"
 
 
+def expert_stacks(model: nn.Module) -> list[tuple[nn.Module, str, ExpertLinear]]:
+    """Every stacked expert layer under ``model`` as (its parent, its name there, the layer): what
+    ``zoo.quantize`` replaces with an int8 copy (an ExpertLinear's subclass is left alone)."""
+    return [
+        (module, name, child)
+        for module in model.modules()
+        for name, child in module.named_children()
+        if type(child) is ExpertLinear
+    ]
+
+
 class Experts(nn.Module):
     """E SwiGLU experts (Shazeer 2020, https://arxiv.org/abs/2002.05202) of width F: ``fc`` (E, 2F, D)
     holds each expert's [gate; up] rows (the layout of zoo's fused GLU ``fc``), ``proj`` (E, D, F) its

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from zoo.adapters import adapted_layers
 from zoo.kv_cache import check_kv_dtype
-from zoo.moe import ExpertLinear
+from zoo.moe import ExpertLinear, expert_stacks
 from zoo.registry import ConfigError, Registry
 from zoo.zoo_model import ZooModel
 
@@ -204,10 +204,8 @@ class Int8ExpertLinear(nn.Module):
 
 def _int8_experts(model: nn.Module) -> None:
     """Every stacked expert layer becomes an Int8ExpertLinear (plain tensors: any device)."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is ExpertLinear:
-                setattr(module, name, Int8ExpertLinear(child))
+    for parent, name, experts in expert_stacks(model):
+        setattr(parent, name, Int8ExpertLinear(experts))
 
 
 def _cpu_int8(model: nn.Module) -> None:
