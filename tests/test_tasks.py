@@ -294,33 +294,3 @@ def test_real_commands_multirun_eval_generate_export(tmp_path):
 
     bad = _run(["tasks.cli.train", "experiment=t5_translator", "model/arch=decoder"], tmp_path)
     assert bad.returncode == 2 and "zoo: ConfigError" in bad.stderr and "TranslatorTask" in bad.stderr
-
-
-@pytest.mark.slow
-def test_a_built_wheel_carries_conf(tmp_path):
-    root = Path(__file__).resolve().parents[1]
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-q", "-w", str(tmp_path / "dist")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    wheel = next((tmp_path / "dist").glob("zoo-*.whl"))
-    site = tmp_path / "site"
-    installed = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    found = subprocess.run(
-        [sys.executable, "-c", "from tasks.cli.schemas import conf_dir; print(conf_dir())"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(site)},
-        capture_output=True,
-        text=True,
-    )
-    assert Path(found.stdout.strip()) == site / "tasks" / "conf", found.stderr[-2000:]
-    assert (site / "tasks" / "conf" / "model" / "position" / "rope.yaml").is_file()
