@@ -48,7 +48,7 @@ PY
 
 tiny=(data.vocab_size=300 data.seq_len=32 model.d_model=32 model.n_heads=2 trainer.max_steps=4
       trainer.val_check_interval=2 trainer.limit_val_batches=1 trainer.limit_test_batches=1
-      trainer.num_sanity_val_steps=0 callbacks.rich_progress_bar=null)
+      trainer.num_sanity_val_steps=0)
 gpt=(data.source_args.max_files=40 task.sample_tokens=4)
 records=(data.max_records=400 data.seq_len=48)
 step "zoo-train: the default experiment"
