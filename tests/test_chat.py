@@ -50,13 +50,43 @@ HOSTILE = [
 def test_a_template_reaching_outside_the_text_it_fills_is_refused(template, monkeypatch):
     monkeypatch.setenv("ZOO_SECRET_PROBE", "s3cr3t-value")
     messages = [{"role": "user", "content": "hi"}]
-    try:
-        text = render_chat(template, messages, origin="model.gguf")
-    except UserError as error:
-        assert str(error).startswith("model.gguf: its chat template") and "s3cr3t" not in str(error)
-    else:  # rendered without reaching anything: Jinja's undefined names render empty
-        assert "s3cr3t" not in text and "Popen" not in text and "root:" not in text and "subclasses" not in text
+    with pytest.raises(UserError) as refused:
+        render_chat(template, messages, origin="model.gguf")
+    assert str(refused.value).startswith("model.gguf: its chat template") and "s3cr3t" not in str(refused.value)
+    assert "\n" not in str(refused.value)
     assert messages == [{"role": "user", "content": "hi"}]  # nothing changed the conversation
+
+
+UNBOUNDED = {  # a template that would hang, exhaust memory or raise: each ends as one line, in seconds
+    "{{ ''.__class__ }}": "tried to reach outside the text it fills",
+    "{{ lipsum(n=100000000) }}": "cannot be rendered (UndefinedError",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x": "did not finish in 2 s",
+    "{{ 'x' * 10**10 }}": "cannot be rendered (OverflowError: a product of 1 items",
+    "{{ range(10**9) | list }}": "cannot be rendered (OverflowError",
+    "{{ 2 ** 1000000000 }}": "cannot be rendered (OverflowError: a power",
+    "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}": "recurses without end",
+    "{{ 1/0 }}": "cannot be rendered (ZeroDivisionError",
+    "{{ '\\ud800' }}": "not valid Unicode",
+    "{# nothing #}  ": "renders no text",
+    "{% for i in range(100000) %}{{ 'x' * 300 }}{% endfor %}": "renders more than 32,768 characters",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}": (
+        "needs more than 1024 MiB"
+    ),
+    "{% if %}": "cannot be rendered (TemplateSyntaxError",
+    "{{ undefined_name.x }}": "cannot be rendered (UndefinedError",
+}
+
+
+@pytest.mark.parametrize("template", UNBOUNDED)
+def test_a_template_that_would_not_end_ends_in_one_line(template):
+    seconds = 2 if "did not finish" in UNBOUNDED[template] else 20  # the others end long before their budget
+    with pytest.raises(UserError) as refused:
+        render_chat(
+            template, [{"role": "user", "content": "hi"}], origin="chat_template.jinja", context=2048, seconds=seconds
+        )
+    message = str(refused.value)
+    assert message.startswith("chat_template.jinja: ") and "\n" not in message
+    assert UNBOUNDED[template] in message, message
 
 
 def test_a_template_that_refuses_the_conversation_says_so_in_one_line():
@@ -117,3 +147,16 @@ def test_zoo_generate_chats_once_and_as_a_conversation(chat_ckpt, gpt_base):
     assert len(talk.stdout.splitlines()) >= 1
     plain = _generate(f"ckpt_path={gpt_base}", "chat=true", "prompt=hi")
     assert plain.returncode == 2 and "has no chat template" in plain.stderr and "Traceback" not in plain.stderr
+
+
+@pytest.mark.slow
+def test_zoo_generate_ends_a_hostile_handed_template_in_one_line(gpt_base, tmp_path):
+    ckpt = zoo.load_weights_file(gpt_base)
+    hostile = "{{ 'x' * 10**10 }}{{ ''.__class__ }}"
+    ckpt["tokenizer_specials"] = replace(Specials.zoo(), chat_template=hostile, origin="test").record()
+    path = tmp_path / "hostile.ckpt"
+    torch.save(ckpt, path)
+    done = _generate(f"ckpt_path={path}", "chat=true", "prompt=hi", "max_new_tokens=2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "its chat template was refused" in line and "OverflowError" in line
