@@ -11,6 +11,13 @@ each by an atomic rename (config.json last); nothing else in the folder is touch
 non-empty folder is refused unless ``overwrite=true``, which still replaces only those files
 (``format=hf`` writes a new folder only). ``out=`` is never a symbolic link, a file, or below a file
 (tasks/cli/destination.py).
+
+onnxruntime (format=onnx) and llama.cpp (format=gguf, where llama-cpp-python is installed) check the
+file in a child process (tasks/cli/checker.py). When one crashes, hangs past ``checker.timeout`` or
+cannot be imported, the export is kept whole and zoo-export prints what the other checks found, then
+one line on stderr (``zoo: Unchecked: llama.cpp crashed (SIGSEGV) while checking out/model.gguf; the
+file was written and is unchecked: ...``) and exits with status 3; ``checker.unchecked=refuse`` writes
+nothing instead (exit 2). A check that runs and disagrees refuses the export either way.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.cli.boundary import user_errors
+from tasks.cli.boundary import fail, user_errors
 from tasks.cli.card import model_card
+from tasks.cli.checker import Unchecked
 from tasks.cli.console import quiet_libraries
 from tasks.cli.destination import check_destination, check_out
 from tasks.cli.export_onnx import require_onnx
@@ -30,6 +38,7 @@ from tasks.cli.loading import task_and_checkpoint
 from tasks.errors import UserError
 
 FORMATS = EXPORT_FORMATS  # iterates over the format names
+UNCHECKED_EXIT = 3  # the export was written and kept, but its runtime could not check it
 
 
 def main() -> float:
@@ -58,7 +67,12 @@ def run(cfg: DictConfig) -> float:
     form.check_destination(task, out, overwrite=cfg.overwrite)
     command = " ".join(["zoo-export", *sys.argv[1:]])
     card = model_card(task, checkpoint, fmt=form.name, command=command, hf_class=form.card_class(task))
-    diff, said = form.write(task, checkpoint, out, card)
+    try:
+        diff, said = form.write(task, checkpoint, out, card)
+    except Unchecked as unchecked:  # written whole; its runtime crashed, hung or could not be imported
+        if unchecked.said is not None:
+            print(unchecked.said)
+        fail(unchecked, UNCHECKED_EXIT)
     print(said)
     return diff
 

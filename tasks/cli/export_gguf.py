@@ -10,10 +10,12 @@ transformers and accelerate are installed, by transformers' own GGUF loading (an
   their logit difference and how many greedy tokens agree are reported, not refused.
 
 Where ``llama-cpp-python`` is installed (it builds llama.cpp from source), llama.cpp itself runs the
-staged file too: its logits on the unpadded prompt are within :data:`LLAMA_CPP_TOLERANCE` of the
-checkpoint's (llama.cpp keeps its KV cache in f16, so even an f32 file moves the logits by f16
-rounding) and, for f32 and f16, it decodes the checkpoint's greedy tokens; for q8_0 and q4_0 the
-agreement is reported.
+staged file too, in a child process (tasks/cli/checker.py): its logits on the unpadded prompt are within
+:data:`LLAMA_CPP_TOLERANCE` of the checkpoint's (llama.cpp keeps its KV cache in f16, so even an f32 file
+moves the logits by f16 rounding) and, for f32 and f16, it decodes the checkpoint's greedy tokens; for
+q8_0 and q4_0 the agreement is reported. A llama.cpp that crashes, hangs or cannot be imported leaves the
+file written and unchecked (:class:`tasks.cli.checker.Unchecked`, exit status 3), or refused with
+``checker.unchecked=refuse``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from torch import Tensor
 
 import zoo
 from tasks import ZooTask
+from tasks.cli.checker import RUNTIMES, CheckerFailed, Checking, Unchecked
 from tasks.cli.export_hf import masked_diff
 from tasks.data.tokenizers import added_around
 from tasks.errors import UserError
@@ -114,11 +117,21 @@ def gguf_problem(task: ZooTask) -> None:
         raise zoo.ConfigError(f"format=gguf: the run's {error}") from None
 
 
-def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], card: str | None) -> tuple[float, str]:
+def export_gguf(
+    task: ZooTask,
+    out: Path,
+    dtype: str,
+    config: dict[str, Any],
+    card: str | None,
+    checking: Checking | None = None,
+) -> tuple[float, str]:
     """Write ``out`` (model.gguf, config.json last, the card) through ``atomic_folder``, checked in the
-    staged folder; the logit difference from the checkpoint and the line zoo-export prints."""
+    staged folder; the logit difference from the checkpoint and the line zoo-export prints. An Unchecked,
+    after the folder took its place, when llama.cpp could not check the file and ``checking`` keeps it."""
+    checking = checking or Checking()
     tokenizer, specials = task.export_tokenizer(), task.special_tokens
     before, _ = added_around(tokenizer)
+    failed = None
     with atomic_folder(out, merge=True, last=["config.json"]) as stage:
         arch = zoo.to_gguf(
             task.model,
@@ -135,17 +148,22 @@ def export_gguf(task: ZooTask, out: Path, dtype: str, config: dict[str, Any], ca
             atomic_write_text(stage / "README.md", card)
         unread = UNREAD.get(zoo.gguf_exportable(task.model))
         checked = None if unread else check_gguf(task, stage, arch, dtype)
-        by_llama_cpp = check_llama_cpp(task, stage, dtype)
+        try:
+            by_llama_cpp = check_llama_cpp(task, stage / FILE, dtype, checking, shown=out / FILE)
+        except CheckerFailed as crashed:
+            by_llama_cpp, failed = None, checking.unchecked(crashed)  # refusing: a UserError, nothing written
     where = f"exported {out}/{FILE} (llama.cpp {arch}, {dtype})"
     if by_llama_cpp is not None:
         where += f"; llama.cpp runs it: max abs diff {by_llama_cpp.diff:.3g}, {by_llama_cpp.tokens_said()}"
     if checked is None:
         why = unread or "transformers' GGUF loading needs transformers and accelerate"
-        return float("nan"), f"{where} (not checked by transformers: {why})"
-    return (
-        checked.diff,
-        f"{where}; transformers' GGUF reload vs zoo: max abs diff {checked.diff:.3g}, {checked.tokens_said()}",
-    )
+        diff, said = float("nan"), f"{where} (not checked by transformers: {why})"
+    else:
+        diff = checked.diff
+        said = f"{where}; transformers' GGUF reload vs zoo: max abs diff {diff:.3g}, {checked.tokens_said()}"
+    if failed is not None:
+        raise Unchecked(failed, said=said)
+    return diff, said
 
 
 def check_gguf(task: ZooTask, folder: Path, arch: str, dtype: str) -> Checked | None:
@@ -222,35 +240,27 @@ def greedy(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, steps: int) ->
     return ids[0, prompt.shape[1] :].tolist()
 
 
-def check_llama_cpp(task: ZooTask, folder: Path, dtype: str) -> Checked | None:
-    """llama.cpp's own run of ``folder/model.gguf`` against the checkpoint (see the module's docstring);
-    a UserError when it disagrees. None where ``llama_cpp`` (llama-cpp-python) is not installed."""
-    if importlib.util.find_spec("llama_cpp") is None:
+def check_llama_cpp(task: ZooTask, file: Path, dtype: str, checking: Checking, *, shown: Path) -> Checked | None:
+    """llama.cpp's own run of ``file`` (in a child process: ``checking``) against the checkpoint (see the
+    module's docstring); a UserError when it disagrees, a CheckerFailed naming ``shown`` when it crashes,
+    hangs or cannot be imported. None where ``llama_cpp`` (llama-cpp-python) is not installed."""
+    runtime = RUNTIMES["llama.cpp"]
+    if not runtime.installed():
         return None
-    import llama_cpp
-
     model = task.model
     prompt = type(model).example_inputs(model.config)["input_ids"][1:]  # (1, T): the unpadded row
     steps = NEW_TOKENS if model.max_positions is None else min(NEW_TOKENS, model.max_positions - prompt.shape[1])
-    with contextlib.redirect_stderr(io.StringIO()):  # llama.cpp prints its load log there
-        llm = llama_cpp.Llama(
-            str(folder / FILE),
-            n_ctx=prompt.shape[1] + steps,
-            logits_all=True,
-            verbose=False,
-            n_threads=torch.get_num_threads(),
-        )
-    try:
-        llm.eval(prompt[0].tolist())
-        theirs = torch.tensor(llm.scores[: prompt.shape[1]])  # (T, V)
-        decoded = []
-        for _ in range(steps):
-            decoded.append(int(torch.tensor(llm.scores[llm.n_tokens - 1]).argmax()))
-            llm.eval(decoded[-1:])
-    finally:
-        llm.close()
+    ran = checking.run(
+        runtime, file, shown=shown, prompt=prompt[0].tolist(), steps=steps, threads=torch.get_num_threads()
+    )
+    theirs, decoded = torch.as_tensor(ran["logits"]).float(), ran["tokens"]  # (T, V), steps ids
     with torch.no_grad():
         want = model(prompt, torch.ones_like(prompt))[0].float()  # (T, V)
+    if theirs.shape != want.shape:
+        raise UserError(
+            f"format=gguf: llama.cpp's run of the {dtype} file gives logits of shape {tuple(theirs.shape)}, not "
+            f"{tuple(want.shape)}; nothing was written. Please report this composition"
+        )
     diff = (want - theirs).abs().max().item()
     limit = LLAMA_CPP_TOLERANCE.get(dtype)
     if limit is not None and diff > limit * max(1.0, want.abs().max().item()):

@@ -1,5 +1,6 @@
 """``zoo-export format=onnx``: the task's graph traced by torch's ONNX exporter with dynamic batch and
-sequence axes, and checked with onnxruntime against PyTorch at other shapes than the traced ones."""
+sequence axes, and checked with onnxruntime against PyTorch at other shapes than the traced ones;
+onnxruntime runs in a child process (tasks/cli/checker.py), so that a crash of it is one line."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from tasks import ZooTask
+from tasks.cli.checker import RUNTIMES, Checking
 from tasks.errors import UserError
 from zoo.attention import Attention
 
@@ -92,15 +94,12 @@ def onnx_program(task: ZooTask, opset: int) -> tuple[Any, ExportGraph]:
     return program, graph
 
 
-def onnx_difference(graph: ExportGraph, path: Path) -> float:
+def onnx_difference(graph: ExportGraph, path: Path, checking: Checking, *, shown: Path) -> float:
     """Max abs difference of onnxruntime's outputs and PyTorch's, at other shapes than the traced
-    ones (the axes must really be dynamic)."""
-    import numpy as np
-    import onnxruntime
-
+    ones (the axes must really be dynamic). onnxruntime runs in a child process (``checking``): a
+    CheckerFailed naming ``shown`` when it crashes, hangs or cannot be imported."""
     check = graph.example_inputs(batch=3, length=11)
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run(None, {k: v.numpy() for k, v in check.items()})[0]
+    ran = checking.run(RUNTIMES["onnxruntime"], path, shown=shown, inputs={k: v.numpy() for k, v in check.items()})
     with torch.no_grad():
-        want = graph(**check).numpy()
-    return float(np.abs(got - want).max())
+        want = graph(**check)
+    return (torch.as_tensor(ran["output"]) - want).abs().max().item()

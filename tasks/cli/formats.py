@@ -7,7 +7,13 @@ and the tests that walk :data:`EXPORT_FORMATS` take it from there.
   modules, e.g. a classifier's head); ``zoo.load_pretrained(folder)`` reloads the model, compared.
 - ``onnx``: model.onnx (+ model.onnx.data for a large model), checked with onnxruntime (export_onnx.py).
 - ``hf``: a folder transformers loads, checked by transformers (export_hf.py); always a new folder.
-- ``gguf``: model.gguf, the file llama.cpp runs, checked by transformers' GGUF loading (export_gguf.py).
+- ``gguf``: model.gguf, the file llama.cpp runs, checked by transformers' GGUF loading (export_gguf.py)
+  and by llama.cpp where llama-cpp-python is installed.
+
+onnxruntime and llama.cpp run in a child process with a time limit (tasks/cli/checker.py, the
+``checker`` settings): when one crashes, hangs or cannot be imported, the export is kept whole and
+zoo-export ends with one line and exit status 3 (``checker.unchecked=keep``, the default), or nothing
+is written (``refuse``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from omegaconf import DictConfig
 
 import zoo
 from tasks import ZooTask
+from tasks.cli.checker import CheckerFailed, Checking, Unchecked
 from tasks.cli.destination import RECORD, check_destination, check_new, export_record
 from tasks.cli.export_gguf import export_gguf, gguf_problem, require_gguf
 from tasks.cli.export_hf import export_hf
@@ -167,12 +174,12 @@ class Onnx(ExportFormat):
     name, title = "onnx", "ONNX"
     head_in_graph = True
 
-    def __init__(self, opset: int = 18) -> None:
-        self.opset = opset
+    def __init__(self, opset: int = 18, checking: Checking | None = None) -> None:
+        self.opset, self.checking = opset, checking or Checking()
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> ExportFormat:
-        return cls(opset=cfg.opset)
+        return cls(opset=cfg.opset, checking=Checking.from_config(cfg.checker))
 
     def require(self) -> None:
         require_onnx()
@@ -181,7 +188,7 @@ class Onnx(ExportFormat):
         return ["config.json", "model.onnx", "model.onnx.data", "tokenizer.json", "README.md"]
 
     def write(self, task: ZooTask, checkpoint: dict[str, Any], out: Path, card: str | None) -> tuple[float, str]:
-        diff = export_onnx(task, checkpoint["zoo_run"], out, self.opset, card)
+        diff = export_onnx(task, checkpoint["zoo_run"], out, self.opset, card, checking=self.checking)
         return diff, f"exported {out}/model.onnx; onnxruntime vs PyTorch: max abs diff {diff:.3g}"
 
     def load_code(self, task: ZooTask, hf_class: str | None) -> list[str]:
@@ -200,11 +207,15 @@ class Onnx(ExportFormat):
         ]
 
 
-def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | None = None) -> float:
+def export_onnx(
+    task: ZooTask, info: dict, out: Path, opset: int, card: str | None = None, *, checking: Checking | None = None
+) -> float:
     """Write the ONNX folder and return the max abs difference between onnxruntime and PyTorch,
     measured before the folder takes its place (``atomic_folder``: the weights file, when there is
-    one, moves in before the graph that names it, config.json last)."""
+    one, moves in before the graph that names it, config.json last). An Unchecked, after the folder
+    took its place, when onnxruntime could not check the graph and ``checking`` keeps it."""
     require_onnx()
+    checking = checking or Checking()
     program, graph = onnx_program(task, opset)
     card_file = ["README.md"] if card is not None else []
     with atomic_folder(out, merge=True, last=["model.onnx", "config.json"]) as stage:
@@ -221,7 +232,13 @@ def export_onnx(task: ZooTask, info: dict, out: Path, opset: int, card: str | No
         zoo.io.atomic_write_with(stage / "tokenizer.json", lambda tmp: task.tokenizer.save(str(tmp)))
         if card is not None:
             atomic_write_text(stage / "README.md", card)
-        return onnx_difference(graph, stage / "model.onnx")
+        try:
+            diff, failed = onnx_difference(graph, stage / "model.onnx", checking, shown=out / "model.onnx"), None
+        except CheckerFailed as crashed:
+            diff, failed = float("nan"), checking.unchecked(crashed)  # refusing: a UserError, nothing written
+    if failed is not None:
+        raise Unchecked(failed)
+    return diff
 
 
 @export_format
@@ -277,16 +294,16 @@ class GGUF(ExportFormat):
 
     name, title, library = "gguf", "a llama.cpp GGUF file", "gguf"
 
-    def __init__(self, dtype: str = "f32") -> None:
+    def __init__(self, dtype: str = "f32", checking: Checking | None = None) -> None:
         if dtype not in zoo.gguf.FILE_TYPES:
             raise zoo.ConfigError(
                 f"gguf.dtype={dtype!r} is not a GGUF weight type zoo writes; choose {', '.join(zoo.gguf.FILE_TYPES)}"
             )
-        self.dtype = dtype
+        self.dtype, self.checking = dtype, checking or Checking()
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> ExportFormat:
-        return cls(dtype=str(cfg.gguf.dtype))
+        return cls(dtype=str(cfg.gguf.dtype), checking=Checking.from_config(cfg.checker))
 
     def require(self) -> None:
         require_gguf()
@@ -305,7 +322,7 @@ class GGUF(ExportFormat):
             **task.export_info(head_in_graph=self.head_in_graph),
             RECORD: export_record(out, self.name, files),
         }
-        return export_gguf(task, out, self.dtype, config, card)
+        return export_gguf(task, out, self.dtype, config, card, self.checking)
 
     def pipeline(self, hf_class: str | None) -> str | None:
         return "text-generation"
