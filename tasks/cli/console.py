@@ -48,11 +48,24 @@ NOISE = (
 
 def quiet_libraries() -> None:
     """Hide what libraries print that a user cannot act on (:data:`NOISE`), and a deprecation inside
-    Lightning's own pytree helper. Lightning's warnings and errors pass."""
+    Lightning's own pytree helper; print each of Lightning's lines once. Lightning's warnings and
+    errors pass."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: record.levelno > logging.INFO or not any(text in record.getMessage() for text in NOISE)
     )
+    lightning_lines_once()
+
+
+def lightning_lines_once() -> None:
+    """Each of Lightning's log lines printed once: importing ``lightning`` gives its logger a handler
+    of its own ("INFO: ..." on stderr), and a line also reaches the root logger, where the verb's
+    logging (Hydra's ``job_logging: stdout``) prints it again. Where the root logger has a handler,
+    Lightning's own is removed: its lines are printed there, plain, with the run's other lines."""
+    if logging.getLogger().handlers:
+        package = logging.getLogger("lightning")
+        for handler in list(package.handlers):
+            package.removeHandler(handler)
 
 
 def literal(cfg: DictConfig, key: str) -> str | None:

@@ -75,9 +75,10 @@ def text_windows(path: str | Path, sample_by: str = "line", **_: Any) -> Callabl
     return lambda share, seed: windows(files, sample_by, share, seed)
 
 
-def local_size(path: str | Path) -> int:
-    """The bytes of the data files at ``path``."""
-    return sum(size for _, size, _ in local_identity(path))
+def local_extent(path: str | Path) -> tuple[int, int]:
+    """How many data files are at ``path``, and their bytes."""
+    files = local_identity(path)
+    return len(files), sum(size for _, size, _ in files)
 
 
 def local_identity(path: str | Path) -> list[tuple[str, int, int]]:
@@ -335,10 +336,13 @@ def hub_identity(
     return [name, split, subset, fields, _load_hub(name, split, subset, False)._fingerprint]
 
 
-def hub_size(name: str, **_: Any) -> int | None:
-    """The bytes of a local folder's data files; None for a dataset of the hub."""
+def hub_extent(name: str, **_: Any) -> tuple[int, int] | None:
+    """How many data files a local folder holds, and their bytes; None for a dataset of the hub."""
     folder = Path(name).expanduser()
-    return sum(f.stat().st_size for f in _visible_files(folder)) if folder.is_dir() else None
+    if not folder.is_dir():
+        return None
+    files = _visible_files(folder)
+    return len(files), sum(f.stat().st_size for f in files)
 
 
 def _folder_identity(folder: Path) -> list[tuple[str, int, int]]:

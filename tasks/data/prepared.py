@@ -13,7 +13,11 @@ waits and reuses it, and what a killed preparation left is removed by the next o
 The tokenizer is trained on a seeded sample of the training split (``tokenizer_sample_mb``) and kept
 in the same cache, so a second run on a corpus reads neither the corpus nor the sample. Encoding runs
 in ``tokenizers``' own thread pool (``encode_batch``: every core, without copying the text to other
-processes), with a progress bar in MB/s.
+processes).
+
+A preparation says so in one line (``Report``: the corpus, the cache, its files and MB), then shows a bar
+of the text it tokenizes in MB/s; a run that finds it all in the cache says that in one line (the
+folder, its tokens, when it was prepared). Only rank 0 of a distributed run speaks.
 
 Training reads blocks of a split's file (``TokenBlocks``): batch by batch, the same blocks in the same
 order as the tensor of the whole split that earlier versions built in memory, each read with
@@ -28,14 +32,16 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.text import Text
 from tokenizers import Tokenizer
 
 from tasks.data.token_files import SplitTokens
@@ -74,6 +80,19 @@ def unit(seed: int, key: str) -> float:
     return int.from_bytes(value, "little") / 2**64
 
 
+def extent_words(count: int | None, unit: str, size: int | None) -> str:
+    """What a preparation says of its corpus' size (``3 files, 1.2 MB``): the parts that are known."""
+    parts = [] if count is None else [f"{count:,} {unit}"]
+    if size is not None:
+        parts.append(f"{megabytes(size)} MB")
+    return ", ".join(parts)
+
+
+def megabytes(size: float) -> str:
+    """``size`` bytes in MB (10^6 bytes), with the digits that say something at any size."""
+    return f"{size / 1e6:,.1f}" if size >= 1e5 else f"{size / 1e6:.3f}"
+
+
 def split_records(
     records: Iterable[dict[str, Any]], split_of: Callable[[str], str]
 ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -104,6 +123,8 @@ class Corpus:
     size: int | None = None  # bytes of text, where known without reading (a local corpus' files)
     train_share: float = 1.0  # the part of ``size`` the training split holds, about
     windows: Callable[[float, int], Iterator[str]] | None = None  # a seeded share of the files' text (see sample)
+    name: str = "the corpus"  # as the user named it (a path, a dataset's or a source's name); see Report
+    extent: str = ""  # its files (or records) and MB, where known (``extent_words``); see Report
     _identity: str | None = field(default=None, repr=False)
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -161,10 +182,11 @@ def cached_tokenizer(
     sample_mb: float,
     seed: int,
     root: Path,
+    report: Report | None = None,
 ) -> Tokenizer:
     """The tokenizer ``train`` makes from a sample of ``corpus`` (``Corpus.sample``: ``sample_mb`` MB,
     ``seed``), kept in ``root``/tokenizers with a record of its sample beside it; ``recipe``: what else
-    decides it (kind, vocabulary size)."""
+    decides it (kind, vocabulary size). Training it is where a preparation starts (``report``)."""
     name = digest(VERSION, corpus.identity(), recipe, sample_mb, seed)
     folder = writable(root / "tokenizers", root)
     path = folder / f"{name}.json"
@@ -172,6 +194,8 @@ def cached_tokenizer(
         if path.is_file():
             with contextlib.suppress(Exception):  # a damaged file is trained again
                 return Tokenizer.from_file(str(path))
+        if report is not None:
+            report.preparing()
         sampled = _Counted(corpus.sample(int(sample_mb * 2**20), seed))
         tokenizer = train(iter(sampled))
         record = {"sample_mb": sample_mb, "seed": seed, "sampled_bytes": sampled.bytes, "recipe": recipe}
@@ -199,26 +223,33 @@ def prepared_tokens(
     tokenizer: Tokenizer,
     settings: dict[str, Any],
     root: Path,
+    report: Report | None = None,
 ) -> dict[str, SplitTokens]:
     """Each split's token ids of ``corpus``, written once into ``root``/tokens/<name> (``encode``: texts
     -> ids as the data module builds its examples; ``settings``: what else decides them) and read from
-    there on every later call."""
+    there on every later call; ``report`` says which of the two it was."""
     name = digest(VERSION, corpus.identity(), tokenizer.to_str(), settings)
     folder = writable(root / "tokens", root) / name
     with locked(folder.parent / f"{name}.lock"):
-        if not (folder / "meta.json").is_file():
+        reused = (folder / "meta.json").is_file()
+        if not reused:
+            if report is not None:
+                report.preparing()
             width = "uint16" if tokenizer.get_vocab_size() <= 2**16 else "uint32"
             with atomic_folder(folder) as stage:
-                _write_splits(corpus, encode, width, stage)
-    return _read_meta(folder)
+                _write_splits(corpus, encode, width, stage, shown=report is not None and report.speaks)
+    splits = _read_meta(folder)
+    if reused and report is not None:
+        report.reusing(folder, sum(split.tokens for split in splits.values()))
+    return splits
 
 
-def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path) -> None:
+def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path, *, shown: bool = False) -> None:
     """Each split's ids and document ends into ``stage``. A chunk is encoded in a thread (the tokenizer
     lets go of the GIL while it works) while the next one is read: reading the records and encoding
-    them overlap, and no more than two chunks are held."""
+    them overlap, and no more than two chunks are held. ``shown``: with a bar of the text tokenized."""
     counts = {split: [0, 0] for split in SPLITS}  # tokens, documents
-    with contextlib.ExitStack() as files, _progress(corpus.size) as bar, ThreadPoolExecutor(1) as pool:
+    with contextlib.ExitStack() as files, _progress(corpus.size, shown) as advance, ThreadPoolExecutor(1) as pool:
         out = {s: [files.enter_context(open(stage / f"{s}.{kind}", "wb")) for kind in ("ids", "ends")] for s in SPLITS}
 
         def write(split: str, texts: list[str], job: Future[tuple[list[int], list[int]]]) -> None:
@@ -227,7 +258,7 @@ def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path) -> N
             (counts[split][0] + np.cumsum(lengths, dtype=np.int64)).tofile(out[split][1])
             counts[split][0] += len(ids)
             counts[split][1] += len(lengths)
-            bar.update(sum(len(t.encode("utf-8")) for t in texts))
+            advance(sum(len(t.encode("utf-8")) for t in texts))
 
         pending = None
         for split, texts in _chunks(corpus):
@@ -239,6 +270,7 @@ def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path) -> N
             write(*pending)
     meta = {
         "version": VERSION,
+        "prepared": datetime.now().astimezone().isoformat(timespec="seconds"),
         "dtype": width,
         "splits": {s: {"tokens": t, "documents": d} for s, (t, d) in counts.items()},
     }
@@ -268,26 +300,65 @@ def _chunks(corpus: Corpus) -> Iterator[tuple[str, list[str]]]:
 
 
 @contextlib.contextmanager
-def _progress(total: int | None) -> Iterator[Any]:
-    """A progress bar in MB/s with an ETA (when ``total`` bytes are known), on a terminal only."""
-    from tqdm.auto import tqdm
+def _progress(total: int | None, shown: bool) -> Iterator[Callable[[int], None]]:
+    """What advances a bar of the bytes of text tokenized, in MB/s with an ETA where ``total`` (the
+    files' bytes) is known; none unless ``shown``. Rich's, as the training bar: live on a terminal,
+    its last state printed once where the output is a file or a pipe. It ends at the bytes tokenized
+    (a file's line breaks and columns are not text, a compressed file holds more)."""
+    if not shown:
+        yield lambda n: None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), _Rate(), TimeRemainingColumn()) as bar:
+        task = bar.add_task("tokenizing", total=total)
+        yield lambda n: bar.advance(task, n)
+        bar.update(task, total=bar.tasks[task].completed)
 
-    with tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc="tokenizing the corpus (once)",
-        disable=not sys.stderr.isatty(),
-        mininterval=1.0,
-    ) as bar:
-        yield bar
+
+class _Rate(ProgressColumn):
+    """``12.3/45.6 MB 7.8 MB/s``: the bytes done (of the total where known) and their rate, in MB
+    whatever the size (rich's own columns turn to kB, and show no rate for a short task)."""
+
+    def render(self, task: Task) -> Text:
+        total = "" if task.total is None else f"/{megabytes(task.total)}"
+        rate = task.completed / task.elapsed if task.elapsed else 0.0
+        return Text(f"{megabytes(task.completed)}{total} MB {megabytes(rate)} MB/s", style="progress.data.speed")
 
 
 def _read_meta(folder: Path) -> dict[str, SplitTokens]:
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     files = {split: (folder / f"{split}.ids", folder / f"{split}.ends") for split in meta["splits"]}
     return {s: SplitTokens(*files[s], meta["dtype"], c["tokens"], c["documents"]) for s, c in meta["splits"].items()}
+
+
+@dataclass
+class Report:
+    """What preparing a corpus prints, in the process that speaks (``speaks``: rank 0 of a run): one
+    line when the work starts (``preparing``: the corpus, the cache, its files and MB), before the
+    tokenizer is trained and the bar of the text tokenized; or one line when the cache holds it all
+    (``reusing``: the folder, its tokens, when it was prepared)."""
+
+    corpus: Corpus
+    root: Path
+    speaks: bool = True
+    started: bool = False
+
+    def preparing(self) -> None:
+        if self.speaks and not self.started:
+            told = f": {self.corpus.extent}" if self.corpus.extent else ""
+            print(f"preparing {self.corpus.name} into {self.root}{told}", flush=True)
+        self.started = True
+
+    def reusing(self, folder: Path, tokens: int) -> None:
+        if self.speaks and not self.started:
+            print(f"reusing {folder}: {tokens:,} tokens, prepared {prepared_on(folder)}", flush=True)
+
+
+def prepared_on(folder: Path) -> str:
+    """When the prepared corpus in ``folder`` was written (its meta, else the meta file's time), to the minute."""
+    meta = folder / "meta.json"
+    written = json.loads(meta.read_text(encoding="utf-8")).get("prepared")
+    when = datetime.fromisoformat(written) if written else datetime.fromtimestamp(meta.stat().st_mtime).astimezone()
+    return when.strftime("%Y-%m-%d %H:%M")
 
 
 def joined(rows: list[list[int]], end: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -28,14 +28,14 @@ from typing import Any
 
 import zoo
 from tasks.data.files import (
+    hub_extent,
     hub_identity,
     hub_records,
-    hub_size,
     iter_hub_records,
     iter_local_records,
+    local_extent,
     local_identity,
     local_records,
-    local_size,
     text_windows,
 )
 from tasks.errors import DataError
@@ -192,13 +192,14 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
 @dataclass(frozen=True)
 class Streamed:
     """How a source is read one record at a time: ``records`` (an iterator of them), ``identity`` (what
-    changes when its data changes, without reading it; None where that cannot be known so) and ``size``
-    (its bytes of data, where known without reading: a progress bar's total), and ``windows`` (where it can
+    changes when its data changes, without reading it; None where that cannot be known so), ``extent``
+    (its files and their bytes, where known without reading: what preparing it says, a progress bar's
+    total), and ``windows`` (where it can
     read seeded parts of its files alone: a tokenizer's sample, ``Corpus.sample``), all from its arguments."""
 
     records: Callable[..., Iterator[dict[str, Any]]]
     identity: Callable[..., Any]
-    size: Callable[..., int | None]
+    extent: Callable[..., tuple[int, int] | None]
     windows: Callable[..., Callable[[float, int], Iterator[str]] | None] = lambda **_: None
 
 
@@ -206,10 +207,10 @@ STREAMED = {
     "local": Streamed(
         iter_local_records,
         lambda path, **_: local_identity(path),
-        lambda path, **_: local_size(path),
+        lambda path, **_: local_extent(path),
         text_windows,
     ),
-    "hub": Streamed(iter_hub_records, hub_identity, hub_size),
+    "hub": Streamed(iter_hub_records, hub_identity, hub_extent),
 }
 """The sources read one record at a time (the others return a list)."""
 
@@ -232,14 +233,14 @@ def stream_records(
     return _checked(STREAMED[source].records(**kwargs), needs, texts, source, kwargs)
 
 
-def source_identity(source: str, source_args: dict[str, Any]) -> tuple[Any, int | None]:
+def source_identity(source: str, source_args: dict[str, Any]) -> tuple[Any, tuple[int, int] | None]:
     """What changes when the data of ``source`` changes, without reading it (a local corpus' files:
     path, size, modification time; None where it must be read to know, as a list source: its records
-    are then hashed as they are read), and its size in bytes where known."""
+    are then hashed as they are read), and its files and their bytes where known."""
     if source not in STREAMED:
         return None, None
     try:
-        return STREAMED[source].identity(**source_args), STREAMED[source].size(**source_args)
+        return STREAMED[source].identity(**source_args), STREAMED[source].extent(**source_args)
     except TypeError:
         return None, None  # arguments the source refuses: it says so, in one line, when it is read
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler
@@ -37,9 +38,11 @@ from tasks.data.loading import (
 )
 from tasks.data.prepared import (
     Corpus,
+    Report,
     cache_root,
     cached_tokenizer,
     encode_fast,
+    extent_words,
     prepared_tokens,
     split_records,
 )
@@ -348,14 +351,17 @@ class PreparedDataModule(TextDataModule):
         if self.datasets:
             return
         corpus, root = self.corpus(), cache_root(self.cache_dir)
+        # the rank is known from the launcher's environment before any process group starts
+        report = Report(corpus, root, speaks=rank_zero_only.rank == 0)
         recipe = {"kind": self.kind, "vocab_size": self.vocab_size}
 
         def train(texts: Iterator[str]) -> Tokenizer:
             return train_tokenizer(texts, self.kind, self.vocab_size)
 
-        self.set_tokenizer(lambda: cached_tokenizer(corpus, train, recipe, self.tokenizer_sample_mb, self.seed, root))
+        sample_mb = self.tokenizer_sample_mb
+        self.set_tokenizer(lambda: cached_tokenizer(corpus, train, recipe, sample_mb, self.seed, root, report))
         settings = {"module": type(self).__name__, "eos": self.specials.eos, "seq_len": self.seq_len}
-        splits = prepared_tokens(corpus, self.encode_documents, self.tokenizer, settings, root)
+        splits = prepared_tokens(corpus, self.encode_documents, self.tokenizer, settings, root, report)
         documents = sum(split.documents for split in splits.values())
         self.check_splits(documents, splits["train"].documents, splits["val"].documents)
         self.datasets = {name: self.prepared_dataset(split, name) for name, split in splits.items() if split.documents}
@@ -371,8 +377,10 @@ class PreparedDataModule(TextDataModule):
             "max_records": self.max_records,
             "seed": self.seed if self.max_records is not None else None,
         }
+        name = str(self.source_args.get("path") or self.source_args.get("name") or self.source)
         if self.source in STREAMED and self.max_records is None:
-            known, size = source_identity(self.source, self.source_args)
+            known, files = source_identity(self.source, self.source_args)
+            count, size = files or (None, None)
             source, args, needs = self.source, self.source_args, self.fields
             return Corpus(
                 lambda: split_records(stream_records(source, needs=needs, texts=self.texts, **args), self.split_of),
@@ -382,7 +390,17 @@ class PreparedDataModule(TextDataModule):
                 size=size,
                 train_share=max(1.0 - self.val_fraction - self.test_fraction, 0.0),
                 windows=source_windows(source, args),
+                name=name,
+                extent=extent_words(count, "files", size),
             )
         records = self.chosen(load_records(self.source, needs=self.fields, **self.source_args))
         check_texts(records, self.texts, self.source, self.source_args)
-        return Corpus(lambda: split_records(records, self.split_of), self.texts, None, settings)
+        size = sum(len(text.encode("utf-8")) for record in records for text in self.texts(record))
+        return Corpus(
+            lambda: split_records(records, self.split_of),
+            self.texts,
+            None,
+            settings,
+            name=name,
+            extent=extent_words(len(records), "records", size),
+        )
