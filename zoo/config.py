@@ -297,6 +297,12 @@ class ModelConfig:
             isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0
         ):
             raise ConfigError(f"window={self.window!r} must be a positive integer (the positions a query sees)")
+        if self.window is not None and self.max_seq_len is not None and self.window > self.max_seq_len:
+            raise ConfigError(
+                f"window={self.window} is wider than max_seq_len={self.max_seq_len}, the longest sequence the model "
+                f"takes (a window of {self.max_seq_len} already sees every position); lower window to at most "
+                f"{self.max_seq_len} or raise max_seq_len"
+            )
         if self.qk_norm_scope not in ("head", "all"):
             raise ConfigError(
                 f"qk_norm_scope={self.qk_norm_scope!r} must be 'head' (each head) or 'all' (every head at once)"

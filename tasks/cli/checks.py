@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 import zoo
 from tasks import TASKS, ZooTask
 from tasks.cli.schemas import model_config
-from tasks.cli.values import check_values
+from tasks.cli.values import check_model, check_values
 from tasks.init_from import no_base_error
 from tasks.optim import optimizer_settings
 from tasks.strategy import ZooStrategy, strategy_class
@@ -29,13 +29,7 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
     model = model_config(cfg.model)
     task_cls.check_model_config(model)  # the task's needs first (arch), then ModelConfig.validate
     check_values(cfg)
-    seq_len = cfg.data.get("seq_len")
-    limit = zoo.position_limit(model)
-    if seq_len and limit is not None and seq_len > limit:
-        raise zoo.ConfigError(
-            f"data.seq_len={seq_len} is longer than the learned position table "
-            f"(model.max_seq_len={limit}); raise one or lower the other"
-        )
+    check_model(cfg)  # the model's rules, and what it asks of the data (zoo-train asked before Lightning too)
     task_cls.check_settings(OmegaConf.to_container(cfg.task, resolve=True), model)
     based = cfg.get("init_from") or cfg.get("ckpt_path")
     if OmegaConf.select(cfg, "adapter.save", default="full") == "only" and not based:
@@ -46,11 +40,6 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
             "zoo: warning: the adapter trains beside a frozen model with random weights (no init_from=): nothing "
             "pretrained is adapted; give init_from=<checkpoint, HF folder or GGUF file>, or drop adapter=",
             file=sys.stderr,
-        )
-    if cfg.data.get("packing") == "documents" and not zoo.mask.MASK.get(model.resolved_mask).documents:
-        raise zoo.ConfigError(
-            f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
-            f"does not read; add model/mask=document (or use data.packing=concat)"
         )
     check_strategy(cfg, model)
     check_fits(cfg, model)

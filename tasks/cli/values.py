@@ -1,6 +1,7 @@
 """The values of a composed config that would fail only later (after the data is read, or
-mid-training), refused in one line now: numbers out of range, the seed, the optimizer's own settings.
-No Lightning and no model: zoo-train checks them before it imports either (tasks/cli/verbs.py)."""
+mid-training), refused in one line now: numbers out of range, the seed, the optimizer's own settings,
+and the model's own rules (``check_model``: ``ModelConfig.validate`` and what it asks of the data).
+No Lightning and no model built: zoo-train checks them before it imports either (tasks/cli/verbs.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import zoo
+from tasks.cli.schemas import model_config
 from tasks.optim import SCHEDULE_KEYS, optimizer_settings
 
 POSITIVE = (
@@ -83,6 +85,31 @@ def check_values(cfg: DictConfig) -> None:
         raise zoo.ConfigError(
             f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); lower it"
         )
+
+
+def check_model(cfg: DictConfig) -> zoo.ModelConfig:
+    """The composed model, checked by the library's rules (``ModelConfig.validate``: sizes, heads, the
+    chosen components' and the form's checks) and against the data it reads: a learned position table
+    shorter than ``data.seq_len``, packed documents for a mask that does not read them. Builds nothing
+    and needs no Lightning: zoo-train asks it before importing either, and again (through
+    ``check_composition``) for the model a run trains, which ``init_from=`` or ``resume=`` may replace."""
+    model = model_config(cfg.model).validate()
+    seq_len = OmegaConf.select(cfg, "data.seq_len", default=None)
+    limit = zoo.position_limit(model)
+    if seq_len and limit is not None and seq_len > limit:
+        raise zoo.ConfigError(
+            f"data.seq_len={seq_len} is longer than the learned position table "
+            f"(model.max_seq_len={limit}); raise one or lower the other"
+        )
+    if (
+        OmegaConf.select(cfg, "data.packing", default=None) == "documents"
+        and not zoo.mask.MASK.get(model.resolved_mask).documents
+    ):
+        raise zoo.ConfigError(
+            f"data.packing=documents gives the model document ids, which mask={model.resolved_mask} "
+            f"does not read; add model/mask=document (or use data.packing=concat)"
+        )
+    return model
 
 
 def check_seed(seed: Any, key: str = "seed") -> None:

@@ -1,9 +1,9 @@
 """Every console verb's entry point (``[project.scripts]`` in pyproject.toml). Hydra composes the
 verb's config here and refuses what it cannot compose (a typo in a group or a key, a value of the
-wrong type; for zoo-train also a value out of range, ``tasks.cli.values``) in one line before the
-verb's own module is imported, and with it Lightning and the models: seconds a typo does not wait
-for. Each verb's work is in its module: ``training.py``, ``evaluate.py``, ``generate.py``,
-``export.py``, ``attention.py``."""
+wrong type; for zoo-train also a value out of range and a model its own rules refuse,
+``tasks.cli.values``) in one line before the verb's own module is imported, and with it Lightning
+and the tasks: seconds a typo does not wait for. Each verb's work is in its module: ``training.py``,
+``evaluate.py``, ``generate.py``, ``export.py``, ``attention.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV
 from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.console import quote_free_text
 from tasks.cli.schemas import conf_dir, register_configs, register_data_schemas
-from tasks.cli.values import check_values
+from tasks.cli.values import check_model, check_values
 from tasks.run_dirs import evals_dir
 
 
@@ -37,6 +37,8 @@ def _train(cfg: DictConfig) -> float | None:
 
 def _train_job(cfg: DictConfig) -> float | None:
     check_values(cfg)  # the values a run would trip on later (tasks.cli.values): before Lightning too
+    if not (cfg.get("init_from") or cfg.get("resume")):  # else the model is the source's or the run's, read later
+        check_model(cfg)  # the model's own rules (ModelConfig.validate): as fast as a typo
     from tasks.cli.training import run_composed  # a Ctrl-C while it loads is "zoo: interrupted" too
 
     return run_composed(cfg)
