@@ -78,7 +78,11 @@ def _append(path: Path, text: str) -> None:
 class CSVLogger(LightningCSVLogger):
     """``<save_dir>/<name>/<version>/metrics.csv`` that a resumed run appends to. Call
     ``resume_at(step)`` before training continues from a checkpoint of that step: rows the
-    interrupted attempt logged from that step on are dropped, as the resumed run logs them again."""
+    interrupted attempt logged after that step are dropped, as the resumed run logs them again.
+
+    Its ``step`` column counts optimizer steps taken, as the console (``[step N]``), the checkpoint
+    names (``step_000600.ckpt``) and the closing table do: the row of the 600th step, and of the
+    validation after it, say 600 (``zoo_step``)."""
 
     @property
     def experiment(self) -> ExperimentWriter:
@@ -91,8 +95,9 @@ class CSVLogger(LightningCSVLogger):
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Log a row and write it at once (Lightning keeps rows for ``flush_logs_every_n_steps``, which a
         killed run loses): when the write fails, the run stops at that row (its OSError), which stays
-        unwritten in ``unwritten_rows`` for the crash checkpoint."""
-        super().log_metrics(metrics, step)
+        unwritten in ``unwritten_rows`` for the crash checkpoint. ``step``: Lightning's, numbered as
+        ``zoo_step`` says."""
+        super().log_metrics(metrics, zoo_step(metrics, step))
         self.experiment.save()
 
     @rank_zero_only
@@ -123,18 +128,17 @@ class CSVLogger(LightningCSVLogger):
         return len(missing)
 
     def resume_at(self, step: int) -> int:
-        """Drop the rows of ``step`` and later, which the resumed run logs again; returns how many were
-        dropped. A checkpoint of global step k holds k optimizer steps: the batch after it logs its
-        learning rate and loss as step k (a validation after k steps logs as k - 1), so rows of step k
-        came after it. The test of a run that finished (logged as step k) is kept: the resumed run
-        tests again only at its own end."""
+        """Drop the rows after ``step``, which the resumed run logs again; returns how many were dropped.
+        A checkpoint of global step k holds k optimizer steps, and the rows of steps 1 to k (the
+        validation after step k included) came before it. The test of a run that finished is kept,
+        whatever its step: the resumed run tests again only at its own end."""
         path = Path(self.experiment.metrics_file_path)
         if not path.is_file():
             return 0
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
             fields, rows = list(reader.fieldnames or []), list(reader)
-        kept = [r for r in rows if not r.get("step") or int(float(r["step"])) < step or _a_test(r)]
+        kept = [r for r in rows if not r.get("step") or int(float(r["step"])) <= step or _a_test(r)]
         if len(kept) < len(rows):
             text = io.StringIO(newline="")
             writer = csv.DictWriter(text, fieldnames=fields)
@@ -144,8 +148,18 @@ class CSVLogger(LightningCSVLogger):
         return len(rows) - len(kept)
 
 
-def _a_test(row: dict[str, str]) -> bool:
-    """Whether ``row`` holds test metrics only."""
+def zoo_step(metrics: dict[str, Any], step: int | None) -> int | None:
+    """The ``step`` of a metrics row: the optimizer steps taken once the step it belongs to is done.
+
+    Lightning numbers a row logged while fitting by the steps taken before its own (its
+    ``_batches_that_stepped``): the loss and learning rate of the 600th step, and the validation after
+    it, would say 599 while the console says ``[step 600]`` and the checkpoint is ``step_000600.ckpt``.
+    A test pass, after fitting, it numbers by the steps taken (600), which is zoo's count already."""
+    return step if step is None or _a_test(metrics) else step + 1
+
+
+def _a_test(row: dict[str, Any]) -> bool:
+    """Whether ``row`` holds test metrics only (every zoo task logs them as ``test/<metric>``)."""
     given = [k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")]
     return bool(given) and all(k.startswith("test/") for k in given)
 

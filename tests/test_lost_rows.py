@@ -105,7 +105,7 @@ def _quiet(monkeypatch):
 def test_a_failed_metrics_write_stops_the_run_and_the_resume_logs_every_step_once(k, tmp_path, monkeypatch):
     _fit(tmp_path / "whole")
     whole = _rows(tmp_path / "whole")
-    assert [int(r["step"]) for r in whole] == list(range(STEPS))
+    assert [int(r["step"]) for r in whole] == list(range(1, STEPS + 1))  # the steps taken, as checkpoints count
 
     run_dir = tmp_path / "broken"
     with monkeypatch.context() as patch:
@@ -117,8 +117,8 @@ def test_a_failed_metrics_write_stops_the_run_and_the_resume_logs_every_step_onc
     crash = torch.load(run_dir / "checkpoints" / "on_exception.ckpt", weights_only=True)
     on_disk = _rows(run_dir)
     assert on_disk == whole[:k]  # whole rows only: the torn one was cut off
-    assert crash["global_step"] == k + 1  # the row of step k is logged once step k + 1 is taken
-    assert [int(float(r["step"])) for r in crash[UNWRITTEN_ROWS]] == [k]  # what the file lacks, kept
+    assert crash["global_step"] == k + 1  # the step whose row could not be written: its crash checkpoint
+    assert [int(float(r["step"])) for r in crash[UNWRITTEN_ROWS]] == [k + 1]  # what the file lacks, kept
 
     _fit(run_dir, run_dir / "checkpoints" / "on_exception.ckpt")
     assert _rows(run_dir) == whole  # every step once, each row the unbroken run's
@@ -126,11 +126,11 @@ def test_a_failed_metrics_write_stops_the_run_and_the_resume_logs_every_step_onc
 
 def test_a_row_written_after_the_checkpoint_is_not_written_twice(tmp_path):
     logger = CSVLogger(save_dir=tmp_path, name="", version="logs")
-    logger.log_metrics({"train/loss": 1.5}, step=0)
+    logger.log_metrics({"train/loss": 1.5}, step=0)  # Lightning's numbering: the steps before the step
     logger.log_metrics({"train/loss": 0.25}, step=1)
-    kept = [{"train/loss": 0.25, "step": 1}, {"train/loss": 0.125, "step": 2}]
+    kept = [{"train/loss": 0.25, "step": 2}, {"train/loss": 0.125, "step": 3}]  # rows as written: zoo's
     assert logger.write_back(kept) == 1
-    assert [(r["step"], r["train/loss"]) for r in _rows(tmp_path)] == [("0", "1.5"), ("1", "0.25"), ("2", "0.125")]
+    assert [(r["step"], r["train/loss"]) for r in _rows(tmp_path)] == [("1", "1.5"), ("2", "0.25"), ("3", "0.125")]
 
 
 def test_a_failed_write_keeps_the_file_and_the_row(tmp_path, monkeypatch):
@@ -144,12 +144,12 @@ def test_a_failed_write_keeps_the_file_and_the_row(tmp_path, monkeypatch):
         with pytest.raises(PermissionError):
             logger.log_metrics({"train/loss": 0.5}, step=1)
         assert (tmp_path / "logs" / "metrics.csv").read_bytes() == before
-        assert logger.unwritten_rows() == [{"train/loss": 0.5, "step": 1}]
+        assert logger.unwritten_rows() == [{"train/loss": 0.5, "step": 2}]
         logger.finalize("failed")  # no second error over the first
     finally:
         (tmp_path / "logs" / "metrics.csv").chmod(0o644)
     logger.finalize("success")
-    assert [r["step"] for r in _rows(tmp_path)] == ["0", "1"] and logger.unwritten_rows() == []
+    assert [r["step"] for r in _rows(tmp_path)] == ["1", "2"] and logger.unwritten_rows() == []
 
 
 # ---- a save killed mid-way ----------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def test_zoo_train_resumed_after_a_failed_metrics_write_logs_every_step_once(wri
     run = [*RESUMABLE, "trainer.max_steps=10", "++trainer.limit_train_batches=4"]
     train(compose_train("gpt_generator", tmp_path / "whole", *run))
     whole = _train_rows(tmp_path / "whole")
-    assert sorted(int(s) for s, _, loss, _ in whole if loss) == list(range(10))
+    assert sorted(int(s) for s, _, loss, _ in whole if loss) == list(range(1, 11))
 
     broken = tmp_path / "broken"
     tokenizer = f"data.tokenizer_path={tmp_path / 'whole' / 'tokenizer.json'}"

@@ -139,7 +139,7 @@ def test_resume_continues_the_run_with_its_own_config_in_its_directory(tmp_path)
     assert last["global_step"] == 9 and last["hyper_parameters"]["model"]["n_layers"] == 1
     with (run_dir / "logs" / "metrics.csv").open() as f:
         steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
-    assert steps == list(range(9))  # one metrics file, every step once
+    assert steps == list(range(1, 10))  # one metrics file, every step once, as the checkpoints count them
     assert (run_dir / ".hydra" / "resume" / "overrides.yaml").is_file()
     assert not (tmp_path / "outputs").exists()  # no stray new run directory
     other = run("train", f"resume={run_dir}", "model=llama-tiny", cwd=tmp_path)

@@ -273,8 +273,8 @@ def test_a_killed_run_resumed_in_its_directory_logs_every_step_once_with_the_sam
     steps = ["model.dropout=0.1", "trainer.max_steps=10", *RUNS["gpt_generator"]]
     run_losses("gpt_generator", tmp_path / "whole", *steps)
     killed = tmp_path / "killed"
-    _crash("gpt_generator", killed, 8, tmp_path / "whole", *steps)  # in step 8: last.ckpt at 6, rows of 6 and 7
-    assert _pairs(killed / "logs" / "metrics.csv")[("6", "train/loss")] == 1
+    _crash("gpt_generator", killed, 8, tmp_path / "whole", *steps)  # in step 8: last.ckpt at 6, rows of 7 and 8
+    assert _pairs(killed / "logs" / "metrics.csv")[("7", "train/loss")] == 1
     run_losses(
         "gpt_generator",
         killed,
@@ -284,7 +284,7 @@ def test_a_killed_run_resumed_in_its_directory_logs_every_step_once_with_the_sam
     )
     pairs = _pairs(killed / "logs" / "metrics.csv")
     assert [pair for pair, n in pairs.items() if n > 1] == []
-    assert {step for step, key in pairs if key == "train/loss"} == {str(s) for s in range(10)}
+    assert {step for step, key in pairs if key == "train/loss"} == {str(s) for s in range(1, 11)}
     assert _losses(killed / "logs" / "metrics.csv") == _losses(tmp_path / "whole" / "logs" / "metrics.csv")
     assert not (killed / "checkpoints" / "on_exception.ckpt").exists()  # step 7's, superseded at step 9
 

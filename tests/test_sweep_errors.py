@@ -32,7 +32,7 @@ def _grid(root: Path) -> Path:
         (root / job / "config.yaml").write_text(
             yaml.safe_dump({"monitor": {"metric": "val/loss", "mode": "min"}, "trainer": {"max_steps": 2}})
         )
-        (root / job / "logs" / "metrics.csv").write_text(f"epoch,step,train/loss,val/loss\n0,1,{loss},\n0,1,,{loss}\n")
+        (root / job / "logs" / "metrics.csv").write_text(f"epoch,step,train/loss,val/loss\n0,2,{loss},\n0,2,,{loss}\n")
     return root
 
 

@@ -120,7 +120,8 @@ def monitor_of(job: Path) -> tuple[str, str]:
 
 
 def logged(job: Path, metric: str) -> tuple[list[float], list[int]]:
-    """The metric's values over a run, and the steps logged, from its CSV logs."""
+    """The metric's values over a run, and the steps logged (the optimizer steps taken, as the
+    checkpoint names count them), from its CSV logs."""
     import csv
 
     values, steps = [], []

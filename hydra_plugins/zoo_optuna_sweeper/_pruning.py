@@ -16,9 +16,10 @@ from hydra_plugins.zoo_optuna_sweeper.sweeper import TRIAL_ENV, trial_of_this_jo
 
 class OptunaPruning(L.Callback):
     """In a job of a ``hydra/sweeper=zoo_optuna`` sweep: reports ``monitor`` to the job's Optuna
-    trial after each validation (at ``trainer.global_step``) and, when the study's pruner says so,
-    stops the run with ``optuna.TrialPruned``, which the sweeper records as a PRUNED trial.
-    Outside such a sweep it does nothing.
+    trial after each validation (at ``trainer.global_step``, the step of its row in metrics.csv and
+    of its checkpoint's name) and, when the study's pruner says so, stops the run with
+    ``optuna.TrialPruned``, which the sweeper records as a PRUNED trial. Outside such a sweep it does
+    nothing.
 
     In a distributed run the global rank 0 talks to Optuna and tells the other ranks its decision,
     so that all of them stop together. The processes Lightning starts for the other ranks raise

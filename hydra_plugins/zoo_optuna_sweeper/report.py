@@ -118,7 +118,7 @@ def read_grid(path: Path, jobs: list[Path]) -> Sweep:
     for i, job in enumerate(jobs):
         values, steps = logged(job, metric)
         max_steps = setting(job, job_config(job), "trainer.max_steps", (int,), None)
-        finished = bool(steps) and max_steps is not None and max(steps) + 1 >= max_steps
+        finished = bool(steps) and max_steps is not None and max(steps) >= max_steps  # steps taken, as logged
         state = "NO METRIC" if not values else "COMPLETE" if finished or max_steps is None else "INCOMPLETE"
         trials.append(
             Trial(

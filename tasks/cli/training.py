@@ -61,12 +61,12 @@ def train_run(cfg: DictConfig) -> float | None:
     if plan.writes:  # the first writes: everything above has loaded and been checked
         claim_and_write(plan, datamodule, task, trainer.loggers)
     relaunch_as_this_job()
-    pace = None
+    pace, steps = None, None
     if cfg.train:
         started, first = time.perf_counter(), plan.resume["global_step"] if plan.resume else 0
         with failures_kept(plan):
             fit(trainer, task, datamodule, plan)
-        pace = (trainer.global_step - first, time.perf_counter() - started)
+        pace, steps = (trainer.global_step - first, time.perf_counter() - started), (first, trainer.global_step)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.test:
@@ -85,6 +85,7 @@ def train_run(cfg: DictConfig) -> float | None:
             (cfg.monitor.metric, float(score)) if score is not None else None,
             pace,
             setup=setup_rows(task),
+            steps=steps,
         )
     value = metrics.get(cfg.monitor.metric)
     return None if value is None else float(value)
@@ -263,10 +264,13 @@ def summarize(
     pace: tuple[int, float] | None = None,
     *,
     setup: list[tuple[str, str]] = (),
+    steps: tuple[int, int] | None = None,
 ) -> None:
     """The closing table, then the run directory and the best checkpoint as plain lines: whole at any
     width (a table cell would cut them), to paste into the next command. ``pace``: the optimizer steps
-    this fit took and its seconds, validation and checkpoints included (the speed a user waits at)."""
+    this fit took and its seconds, validation and checkpoints included (the speed a user waits at).
+    ``steps``: the steps the run had taken when this fit started (0, or the resumed checkpoint's) and
+    when it ended, as metrics.csv, the console and the checkpoint names count them."""
     table = Table(title="zoo-train finished", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")  # a long value folds onto the next line, never cut
@@ -282,6 +286,8 @@ def summarize(
         table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
     if "perf/mfu" in metrics:  # where the device's peak is known (tasks.callbacks.Throughput)
         table.add_row("MFU", f"{metrics['perf/mfu']:.1%} of the devices' peak FLOP/s (the last window)")
+    if steps is not None and steps[0]:  # a new run's count is the fit's, below
+        table.add_row("steps", f"{steps[1]:,} (resumed at step {steps[0]:,})")
     if pace and pace[0] > 0:
         table.add_row("fit", f"{pace[0]:,} steps, {pace[1]:.1f} s, {pace[0] / pace[1]:.2f} it/s (validation included)")
     Console().print(table)
