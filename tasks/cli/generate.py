@@ -24,6 +24,7 @@ from tasks.cli.boundary import user_errors
 from tasks.cli.console import literal
 from tasks.cli.loading import for_inference
 from tasks.cli.pretrained import load_model_task
+from tasks.cli.values import check_seed
 from tasks.errors import UserError, utf8_text
 from zoo.generation import GenerationLimitWarning, PromptError
 
@@ -75,8 +76,7 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
 @user_errors
 def main(cfg: DictConfig) -> str:
     """zoo-generate on the config Hydra composed (tasks.cli.verbs.generate)."""
-    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
-        raise UserError(f"seed={cfg.seed!r} must be a whole number")
+    check_seed(cfg.seed)  # torch.manual_seed takes what Lightning does: 0 .. 2**32 - 1
     if not isinstance(cfg.compile, bool):
         raise UserError(f"compile={cfg.compile!r} must be true or false")
     torch.manual_seed(cfg.seed)
