@@ -75,8 +75,8 @@ def test_each_data_module_takes_its_declared_settings():
     for name, settings in SETTINGS.items():
         assert DATA_MODULES.get(name).Settings is settings
     with pytest.raises(TypeError, match="unexpected keyword argument 'seq_lenn'"):
-        DATA_MODULES.get("LMDataModule")(source="tiny_shakespeare", seq_lenn=3)
-    module = DATA_MODULES.get("MLMDataModule")(source="tiny_shakespeare", mask_prob=0.3, seq_len=16)
+        DATA_MODULES.get("LMDataModule")(source="stdlib_code", seq_lenn=3)
+    module = DATA_MODULES.get("MLMDataModule")(source="stdlib_code", mask_prob=0.3, seq_len=16)
     defaults = {f.name: f.default for f in dataclasses.fields(SETTINGS["MLMDataModule"])}
     assert (module.mask_prob, module.seq_len, module.batch_size) == (0.3, 16, defaults["batch_size"])
 

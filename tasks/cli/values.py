@@ -12,17 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks.cli.schemas import model_config
+from tasks.data.settings import check_settings
 from tasks.optim import SCHEDULE_KEYS, optimizer_settings
 
 POSITIVE = (
     "optimizer.lr",
-    "data.batch_size",
-    "data.seq_len",
     "trainer.max_steps",
     "trainer.val_check_interval",
     "trainer.log_every_n_steps",
     "trainer.accumulate_grad_batches",
-    "data.vocab_size",
 )
 NON_NEGATIVE = (
     "scheduler.warmup_steps",
@@ -30,27 +28,24 @@ NON_NEGATIVE = (
     "optimizer.eps",
     "trainer.gradient_clip_val",
     "trainer.num_sanity_val_steps",
-    "data.num_workers",
     "scheduler.min_lr_ratio",
 )
 WHOLE = (
-    "data.batch_size",
-    "data.seq_len",
     "trainer.max_steps",
     "trainer.log_every_n_steps",
     "trainer.accumulate_grad_batches",
-    "data.vocab_size",
     "scheduler.warmup_steps",
     "trainer.num_sanity_val_steps",
-    "data.num_workers",
 )
 MAX_SEED = 2**32 - 1  # Lightning's seed_everything (and numpy's) take 0 .. 2**32 - 1
-MAX_VOCAB = 1 << 22  # 4,194,304: beyond any tokenizer in use (the largest are ~256k); training one would not fit
 
 
 def check_values(cfg: DictConfig) -> None:
     """Values that would only fail later (after the data is read, or mid-training) fail now."""
     check_seed(OmegaConf.select(cfg, "seed", default=None))
+    data = OmegaConf.select(cfg, "data", default=None)
+    if isinstance(data, DictConfig):  # the data module's own rule (tasks/data/settings.py), before it is built
+        check_settings(OmegaConf.to_container(data, resolve=True))
     for key in POSITIVE + NON_NEGATIVE:
         value = OmegaConf.select(cfg, key, default=None)
         if value is None:
@@ -79,11 +74,6 @@ def check_values(cfg: DictConfig) -> None:
         raise zoo.ConfigError(
             f"trainer.val_check_interval={interval}: a fraction of an epoch is at most 1.0; give "
             f"a whole number of steps instead"
-        )
-    vocab = OmegaConf.select(cfg, "data.vocab_size", default=None)
-    if isinstance(vocab, int) and vocab > MAX_VOCAB:
-        raise zoo.ConfigError(
-            f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); lower it"
         )
 
 

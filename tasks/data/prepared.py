@@ -22,6 +22,13 @@ folder, its tokens, when it was prepared). Only rank 0 of a distributed run spea
 Training reads blocks of a split's file (``TokenBlocks``): batch by batch, the same blocks in the same
 order as the tensor of the whole split that earlier versions built in memory, each read with
 ``os.pread`` (``IdReader``), so that the process holds its batches and no page of the corpus.
+
+Before a run uses a prepared corpus (found or just written) it is checked (``read_prepared``): meta.json
+names every split with counts, the files have the sizes those counts give, the document ends rise to
+the token count, every id is below the tokenizer's vocabulary and the bytes have the CRC-32 recorded as
+they were written (``SplitTokens.check``: one pass at reading speed). A cache an older zoo wrote has no
+CRC-32 and gets the other checks. What fails is one line naming the folder: delete it to prepare anew.
+A disk that fills while a corpus is prepared is one line naming the cache, its half-written folder gone.
 """
 
 from __future__ import annotations
@@ -37,15 +44,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 from tokenizers import Tokenizer
 
-from tasks.data.token_files import SplitTokens
-from tasks.errors import DataError
+from tasks.data.token_files import SplitTokens, crc32_of, damaged
+from tasks.errors import NO_SPACE, DataError
 from zoo.folders import atomic_folder
 from zoo.io import atomic_write_text
 
@@ -199,8 +206,9 @@ def cached_tokenizer(
         sampled = _Counted(corpus.sample(int(sample_mb * 2**20), seed))
         tokenizer = train(iter(sampled))
         record = {"sample_mb": sample_mb, "seed": seed, "sampled_bytes": sampled.bytes, "recipe": recipe}
-        atomic_write_text(folder / f"{name}.sample.json", json.dumps(record, indent=1) + "\n")
-        atomic_write_text(path, tokenizer.to_str())
+        with disk_full(root):
+            atomic_write_text(folder / f"{name}.sample.json", json.dumps(record, indent=1) + "\n")
+            atomic_write_text(path, tokenizer.to_str())
     return tokenizer
 
 
@@ -227,21 +235,28 @@ def prepared_tokens(
 ) -> dict[str, SplitTokens]:
     """Each split's token ids of ``corpus``, written once into ``root``/tokens/<name> (``encode``: texts
     -> ids as the data module builds its examples; ``settings``: what else decides them) and read from
-    there on every later call; ``report`` says which of the two it was."""
+    there on every later call, checked each time (``read_prepared``); ``report`` says which of the two
+    it was."""
     name = digest(VERSION, corpus.identity(), tokenizer.to_str(), settings)
     folder = writable(root / "tokens", root) / name
     with locked(folder.parent / f"{name}.lock"):
-        reused = (folder / "meta.json").is_file()
+        reused = folder.exists()  # written whole (atomic_folder): its meta.json, or it was changed since
         if not reused:
             if report is not None:
                 report.preparing()
-            width = "uint16" if tokenizer.get_vocab_size() <= 2**16 else "uint32"
-            with atomic_folder(folder) as stage:
+            width = "uint16" if id_bound(tokenizer) <= 2**16 else "uint32"
+            with disk_full(root), atomic_folder(folder) as stage:
                 _write_splits(corpus, encode, width, stage, shown=report is not None and report.speaks)
-    splits = _read_meta(folder)
+    splits = read_prepared(folder, id_bound(tokenizer))
     if reused and report is not None:
         report.reusing(folder, sum(split.tokens for split in splits.values()))
     return splits
+
+
+def id_bound(tokenizer: Tokenizer) -> int:
+    """One past the largest id ``tokenizer`` gives: its vocabulary's size, or more where its ids have gaps
+    (an added token placed past the rest)."""
+    return max(tokenizer.get_vocab_size(), max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1)
 
 
 def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path, *, shown: bool = False) -> None:
@@ -249,13 +264,15 @@ def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path, *, s
     lets go of the GIL while it works) while the next one is read: reading the records and encoding
     them overlap, and no more than two chunks are held. ``shown``: with a bar of the text tokenized."""
     counts = {split: [0, 0] for split in SPLITS}  # tokens, documents
+    sums = {split: [0, 0] for split in SPLITS}  # CRC-32 of the ids' and the ends' bytes
     with contextlib.ExitStack() as files, _progress(corpus.size, shown) as advance, ThreadPoolExecutor(1) as pool:
         out = {s: [files.enter_context(open(stage / f"{s}.{kind}", "wb")) for kind in ("ids", "ends")] for s in SPLITS}
 
         def write(split: str, texts: list[str], job: Future[tuple[list[int], list[int]]]) -> None:
             ids, lengths = job.result()
-            np.asarray(ids).astype(width, copy=False).tofile(out[split][0])
-            (counts[split][0] + np.cumsum(lengths, dtype=np.int64)).tofile(out[split][1])
+            ends = counts[split][0] + np.cumsum(lengths, dtype=np.int64)
+            for i, array in enumerate((np.asarray(ids).astype(width, copy=False), ends)):
+                sums[split][i] = _append(out[split][i], array, sums[split][i])
             counts[split][0] += len(ids)
             counts[split][1] += len(lengths)
             advance(sum(len(t.encode("utf-8")) for t in texts))
@@ -272,9 +289,33 @@ def _write_splits(corpus: Corpus, encode: Encoder, width: str, stage: Path, *, s
         "version": VERSION,
         "prepared": datetime.now().astimezone().isoformat(timespec="seconds"),
         "dtype": width,
-        "splits": {s: {"tokens": t, "documents": d} for s, (t, d) in counts.items()},
+        "splits": {s: {"tokens": t, "documents": d, "crc32": sums[s]} for s, (t, d) in counts.items()},
     }
     (stage / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def _append(file: BinaryIO, array: np.ndarray, crc: int) -> int:
+    """Write ``array``'s bytes at the end of ``file``; their CRC-32 continued from ``crc``. Through the
+    file's own write, whose OSError carries the system's errno (numpy's ``tofile`` raises one without)."""
+    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    file.write(data)
+    return crc32_of(data, crc)
+
+
+@contextlib.contextmanager
+def disk_full(root: Path) -> Iterator[None]:
+    """A disk that fills (or a quota reached) while the cache in ``root`` is written: one DataError naming
+    the cache and the fix; what was half written is gone already (``atomic_folder``, ``atomic_write_text``)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            raise
+        raise DataError(
+            f"data.cache_dir={root}: cannot write the prepared corpus there ({error.strerror}; nothing "
+            f"half-written was kept); free some space on that disk, or set data.cache_dir (or ${CACHE_ENV}) "
+            f"to a folder on a disk with room"
+        ) from None
 
 
 def _chunks(corpus: Corpus) -> Iterator[tuple[str, list[str]]]:
@@ -324,10 +365,47 @@ class _Rate(ProgressColumn):
         return Text(f"{megabytes(task.completed)}{total} MB {megabytes(rate)} MB/s", style="progress.data.speed")
 
 
-def _read_meta(folder: Path) -> dict[str, SplitTokens]:
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    files = {split: (folder / f"{split}.ids", folder / f"{split}.ends") for split in meta["splits"]}
-    return {s: SplitTokens(*files[s], meta["dtype"], c["tokens"], c["documents"]) for s, c in meta["splits"].items()}
+def read_prepared(folder: Path, vocab_size: int) -> dict[str, SplitTokens]:
+    """Each split of the prepared corpus in ``folder``, checked before anything reads it: meta.json
+    (``read_meta``), then each split's files against it and ``vocab_size`` (``SplitTokens.check``)."""
+    splits = read_meta(folder)
+    for split in splits.values():
+        split.check(vocab_size)
+    return splits
+
+
+def read_meta(folder: Path) -> dict[str, SplitTokens]:
+    """The splits meta.json names, once it is known to hold what zoo writes: JSON, an ids type zoo
+    writes, and for every split (``SPLITS``) its token and document counts (whole numbers, not negative)
+    and, where recorded, two CRC-32s; else a DataError naming the folder (``damaged``)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise damaged(folder, f"meta.json cannot be read: {getattr(error, 'strerror', None) or error}") from None
+    splits = meta.get("splits") if isinstance(meta, dict) else None
+    if not isinstance(splits, dict):
+        raise damaged(folder, "meta.json has no splits")
+    dtype = meta.get("dtype")
+    if dtype not in ("uint16", "uint32"):
+        raise damaged(folder, f"meta.json's dtype is {dtype!r}, not uint16 or uint32")
+    read = {}
+    for name in SPLITS:
+        split = splits.get(name)
+        if not isinstance(split, dict):
+            raise damaged(folder, f"meta.json has no {name} split")
+        for count in ("tokens", "documents"):
+            value = split.get(count)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise damaged(folder, f"meta.json's {name} split has {count} {value!r}, not a count")
+        crc = split.get("crc32")
+        if crc is not None and not (
+            isinstance(crc, list) and len(crc) == 2 and all(type(c) is int and 0 <= c < 2**32 for c in crc)
+        ):
+            raise damaged(folder, f"meta.json's {name} split has crc32 {crc!r}, not two CRC-32s")
+        files = folder / f"{name}.ids", folder / f"{name}.ends"
+        sums = None if crc is None else (crc[0], crc[1])
+        read[name] = SplitTokens(*files, dtype, split["tokens"], split["documents"], sums)
+    return read
 
 
 @dataclass
@@ -357,7 +435,10 @@ def prepared_on(folder: Path) -> str:
     """When the prepared corpus in ``folder`` was written (its meta, else the meta file's time), to the minute."""
     meta = folder / "meta.json"
     written = json.loads(meta.read_text(encoding="utf-8")).get("prepared")
-    when = datetime.fromisoformat(written) if written else datetime.fromtimestamp(meta.stat().st_mtime).astimezone()
+    try:
+        when = datetime.fromisoformat(written)
+    except (TypeError, ValueError):  # not recorded (an older zoo), or not a date
+        when = datetime.fromtimestamp(meta.stat().st_mtime).astimezone()
     return when.strftime("%Y-%m-%d %H:%M")
 
 

@@ -177,13 +177,7 @@ def load_records(source: str, /, *, needs: Sequence[str] = (), **kwargs: Any) ->
     """Records of the named source; ``kwargs`` (data.source_args) go to its function. ``needs``: the
     fields the data module reads from every record; a source without them is a DataError that says
     which override maps them."""
-    if source not in SOURCES:
-        raise DataError(
-            f"data.source={source}: not a data source; choose one of {', '.join(SOURCES.names())}"
-            f"{_closest(source, SOURCES)}"
-        )
-    function = SOURCES.get(source)
-    _check_arguments(source, function, kwargs)
+    function = check_source(source, kwargs, needs=needs)
     records = function(**kwargs)
     _check_fields(records, needs, source, renames=_takes_any(function))
     return records
@@ -228,8 +222,7 @@ def stream_records(
     reads; ``texts``: what of a record the tokenizer reads, all strings); the arguments before the first."""
     if source not in STREAMED:
         return iter(load_records(source, needs=needs, **kwargs))
-    function = SOURCES.get(source)
-    _check_arguments(source, function, kwargs)
+    check_source(source, kwargs, needs=needs)
     return _checked(STREAMED[source].records(**kwargs), needs, texts, source, kwargs)
 
 
@@ -316,21 +309,65 @@ def _takes_any(function: Callable[..., Any]) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
 
 
-def _check_arguments(source: str, function: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+RECORD_KEYS = ("key", "group")
+"""Fields of a record that splitting reads besides a data module's own (``split_records``)."""
+
+
+def check_source(source: str, source_args: dict[str, Any], *, needs: Sequence[str] = ()) -> Callable[..., Any]:
+    """The function of data source ``source``, once ``source_args`` (data.source_args) are known to be
+    arguments it takes, before it reads anything: a DataError naming the source or the key (and the
+    closest name) for an unknown source, an argument it does not take, one it needs and lacks, and a
+    count that is not a whole number it can use. Where the source renames columns (``local``, ``hub``:
+    ``text=sentence``), a key that is neither its argument nor a field the data module reads
+    (``needs``, and a record's key and group) is refused as well, before it is read as a column name
+    (``sampleby=paragraph`` is a misspelt ``sample_by``, not a column); with no ``needs`` every field
+    is read and any rename passes."""
+    if source not in SOURCES:
+        raise DataError(
+            f"data.source={source}: not a data source; choose one of {', '.join(SOURCES.names())}"
+            f"{_closest(source, SOURCES)}"
+        )
+    function = SOURCES.get(source)
+    _check_arguments(source, function, source_args, needs)
+    return function
+
+
+def _check_arguments(
+    source: str, function: Callable[..., Any], kwargs: dict[str, Any], needs: Sequence[str] = ()
+) -> None:
     params = inspect.signature(function).parameters
     named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if not _takes_any(function):
-        for key, value in kwargs.items():
-            if key not in named:
-                raise DataError(
-                    f"data.source_args.{key}={value}: data source {source!r} takes no argument {key!r}; "
-                    f"it takes {', '.join(named) or 'none'}{_closest(key, named)}"
-                )
+    renames = _takes_any(function)
+    fields = [*needs, *RECORD_KEYS] if renames and needs else []
+    for key, value in kwargs.items():
+        if key in named or (renames and (not needs or key in fields)):
+            continue
+        columns = f" and a column for {', '.join(fields)} (a field the data module reads)" if fields else ""
+        raise DataError(
+            f"data.source_args.{key}={value}: data source {source!r} takes no argument {key!r}; "
+            f"it takes {', '.join(named) or 'none'}{columns}{_closest(key, [*named, *fields])}"
+        )
+    for key, value in kwargs.items():
+        if key in named and _counts(params[key]):
+            _check_count(f"data.source_args.{key}", value, least=0 if params[key].default == 0 else 1)
     for name in named:
         if params[name].default is inspect.Parameter.empty and name not in kwargs:
             raise DataError(
                 f"data.source_args.{name} is missing: data source {source!r} needs it; set data.source_args.{name}=..."
             )
+
+
+def _counts(param: inspect.Parameter) -> bool:
+    """Whether a source's argument is a whole number (``int``, or ``int | None`` where None is a choice)."""
+    return param.annotation in ("int", "int | None", int) and not isinstance(param.default, bool)
+
+
+def _check_count(key: str, value: Any, *, least: int) -> None:
+    """A DataError naming ``key`` unless ``value`` is a whole number at least ``least`` (None: not set)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise DataError(f"{key}={value!r} must be a whole number {'> 0' if least else '>= 0'}")
 
 
 def _check_fields(records: list[dict[str, Any]], needs: Sequence[str], source: str, *, renames: bool) -> None:

@@ -49,6 +49,7 @@ from tasks.data.prepared import (
 from tasks.data.settings import PreparedData, TextData
 from tasks.data.sources import (
     STREAMED,
+    check_source,
     check_texts,
     load_records,
     source_identity,
@@ -85,17 +86,16 @@ class TextDataModule(L.LightningDataModule):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
-        self.settings = given = self.Settings(**settings)  # a key it does not take: TypeError naming it
+        # a key it does not take: TypeError naming it; a value no data module can use: ConfigError (check_settings)
+        self.settings = given = self.Settings(**settings)
         self.source, self.source_args = given.source, dict(given.source_args or {})
+        check_source(self.source, self.source_args, needs=self.fields)  # before anything is read
         self.tokenizer_path = given.tokenizer_path
         self.kind = given.tokenizer_kind or self.tokenizer_kind
         self.vocab_size, self.seq_len, self.batch_size = given.vocab_size, given.seq_len, given.batch_size
         self.val_fraction, self.test_fraction = given.val_fraction, given.test_fraction
         self.max_records, self.num_workers, self.seed = given.max_records, given.num_workers, given.seed
-        sample_mb = given.tokenizer_sample_mb
-        if isinstance(sample_mb, bool) or not isinstance(sample_mb, int | float) or not 0 < sample_mb < float("inf"):
-            raise DataError(f"data.tokenizer_sample_mb={sample_mb!r} must be > 0 (MB of text to train on)")
-        self.tokenizer_sample_mb = sample_mb
+        self.tokenizer_sample_mb = given.tokenizer_sample_mb
         self.tokenizer: Tokenizer | None = None
         self.specials = Specials.zoo()
         self.added: tuple[list[int], list[int]] = ([], [])  # ids the tokenizer puts before / after a text (setup)

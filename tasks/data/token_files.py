@@ -1,12 +1,15 @@
 """A prepared corpus' splits as files of token ids, and how training reads them: ``SplitTokens`` names a
-split's files (its ids, ``uint16`` or ``uint32``, and the ``int64`` end of each document); ``TokenBlocks``
-(language modelling) and ``TokenDocuments`` (masked LM) read a batch's ids with ``os.pread``
-(``IdReader``), so that a process holds its batches and no page of the corpus."""
+split's files (its ids, ``uint16`` or ``uint32``, and the ``int64`` end of each document) and checks them
+before a run uses them (``check``); ``TokenBlocks`` (language modelling) and ``TokenDocuments`` (masked LM)
+read a batch's ids with ``os.pread`` (``IdReader``), so that a process holds its batches and no page of
+the corpus."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,17 +21,78 @@ from torch import Tensor
 from tasks.data.loading import ZooDataset
 from tasks.errors import DataError
 
+CHECK_BYTES = 16 << 20  # what ``SplitTokens.check`` reads of a file at once
+
+
+def damaged(folder: Path, what: str) -> DataError:
+    """The one line for a prepared corpus in ``folder`` that cannot be used as it is: ``what`` is wrong
+    with it, and the fix (zoo never deletes a cache it finds; the user does, and the next run prepares
+    it again)."""
+    return DataError(
+        f"{folder}: the prepared corpus is damaged ({what}); delete that folder and run again to prepare it anew"
+    )
+
+
+def crc32_of(data: bytes | memoryview, value: int = 0) -> int:
+    """The CRC-32 of ``data`` continued from ``value`` (zlib's: about 2.5 GB/s on one core)."""
+    return zlib.crc32(data, value)
+
 
 @dataclass(frozen=True)
 class SplitTokens:
     """One split of a prepared corpus: ``tokens`` ids in ``ids`` (of ``dtype``), and the end offset of
-    each of its ``documents`` in ``ends``."""
+    each of its ``documents`` in ``ends``; ``crc32``: the CRC-32 of the ids' and of the ends' bytes as
+    they were prepared (None in a cache an older zoo wrote, which recorded none)."""
 
     ids: Path
     ends: Path
     dtype: str
     tokens: int
     documents: int
+    crc32: tuple[int, int] | None = None
+
+    def check(self, vocab_size: int) -> None:
+        """A DataError naming the cache folder (``damaged``) unless the split's files are as prepared:
+        each file's size is what its count says (checked before anything of it is read); the document
+        ends never fall and the last is the split's token count; every id is below ``vocab_size`` (the
+        tokenizer's, which the model's embedding has); the bytes have the CRC-32 recorded when they were
+        written. One pass over each file, CHECK_BYTES at a time into one buffer (at about the speed a
+        disk reads: ``scripts/bench/cache_check.py``); a cache without ``crc32`` gets every check but
+        the last."""
+        folder, itemsize = self.ids.parent, np.dtype(self.dtype).itemsize
+        for path, count, size in ((self.ids, self.tokens, itemsize), (self.ends, self.documents, 8)):
+            try:
+                held = path.stat().st_size
+            except OSError as error:
+                raise damaged(folder, f"{path.name}: {error.strerror}") from None
+            if held != count * size:
+                what = f"{path.name} holds {held:,} bytes where meta.json's count of {count:,} needs {count * size:,}"
+                raise damaged(folder, what)
+        ends_crc, last = 0, 0
+        for data in _chunks(self.ends, folder):
+            ends = np.frombuffer(data, dtype=np.int64)
+            falls = np.flatnonzero(np.diff(ends, prepend=last) < 0)
+            if len(falls):
+                what = f"{self.ends.name}: a document ends at {int(ends[falls[0]]):,}, before the one ahead of it"
+                raise damaged(folder, what)
+            ends_crc, last = crc32_of(data, ends_crc), int(ends[-1])
+        if last != self.tokens:
+            what = f"{self.ends.name}: the last document ends at {last:,}, not at the split's {self.tokens:,} tokens"
+            raise damaged(folder, what)
+        ids_crc, offset = 0, 0
+        for data in _chunks(self.ids, folder):
+            ids = np.frombuffer(data, dtype=self.dtype)
+            if int(ids.max()) >= vocab_size:
+                at = int(np.argmax(ids >= vocab_size))
+                raise damaged(
+                    folder,
+                    f"{self.ids.name}: id {int(ids[at])} at token {offset + at:,} is beyond the tokenizer's "
+                    f"{vocab_size:,} ids",
+                )
+            ids_crc, offset = crc32_of(data, ids_crc), offset + len(ids)
+        if self.crc32 is not None and (ids_crc, ends_crc) != tuple(self.crc32):
+            changed = self.ids.name if ids_crc != self.crc32[0] else self.ends.name
+            raise damaged(folder, f"{changed}: its bytes are not those written when it was prepared (CRC-32)")
 
     def read_ids(self) -> np.ndarray:
         """The ids as a read-only memory map (an empty array for an empty split)."""
@@ -40,6 +104,22 @@ class SplitTokens:
         if self.documents == 0:
             return np.zeros(0, dtype=np.int64)
         return np.memmap(self.ends, dtype=np.int64, mode="r", shape=(self.documents,))
+
+
+def _chunks(path: Path, folder: Path) -> Iterator[memoryview]:
+    """The bytes of ``path``, CHECK_BYTES at a time, each a view of one buffer (valid until the next)."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            view = memoryview(bytearray(min(CHECK_BYTES, os.fstat(file.fileno()).st_size)))
+            while True:
+                n = 0
+                while n < len(view) and (got := file.readinto(view[n:])):
+                    n += got
+                if n == 0:
+                    return
+                yield view[:n]
+    except OSError as error:
+        raise damaged(folder, f"{path.name}: {error.strerror}") from None
 
 
 class PreadFile:
