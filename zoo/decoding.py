@@ -19,12 +19,26 @@ replay it: one launch per token instead of one per kernel (a small model's decod
 launches, not by arithmetic). The runner is the same on every device; ``replays_graphs`` says where
 the capture happens. The output ids (and a decoder's padding mask) are written into buffers allocated
 once, with room for every new token, instead of growing by one column per step.
+
+A static step is built once per model and shape and kept (:func:`kept_step`): its compiled function,
+CUDA graph, static cache and input buffers serve every later ``generate`` call with the same batch,
+capacity (and, for an encoder-decoder, source bucket); the call empties the cache and copies its own
+inputs into the buffers. What is kept for a model is dropped when any of its parameters or buffers
+moves, changes dtype or device (the graph reads fixed addresses); weights changed in place (training,
+``load_state_dict``) are read by the next replay as they are. An encoder-decoder's static step reads
+the encoder output padded to a bucket of source lengths (:func:`source_bucket`, the padding hidden by
+the cross-attention mask), so it compiles once per bucket, not once per source length. A capture that
+fails is one ``zoo: warning:`` line on stderr (once per process); the step then runs compiled,
+without a graph. Decoding with one model from two threads at once is not supported (the buffers are shared).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
-import warnings
+import itertools
+import sys
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,6 +53,8 @@ if TYPE_CHECKING:
 
 CAPACITY_STEP = 128  # static caches hold a multiple of this many positions (or the model's limit)
 GRAPH_WARMUP = 2  # compiled steps run before a CUDA graph captures the next (the first one compiles)
+SOURCE_BUCKET_LEAST = 16  # an encoder-decoder's static step reads sources padded to a power of two, at least this
+KEPT_STEPS = 4  # static steps kept per model (each holds its cache: batch x capacity positions per layer)
 
 
 def static_capacity(model: Generates, positions: int) -> int:
@@ -47,6 +63,12 @@ def static_capacity(model: Generates, positions: int) -> int:
     rounded = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
     limit = model.max_positions
     return rounded if limit is None else max(positions, min(rounded, limit))
+
+
+def source_bucket(length: int) -> int:
+    """How many source positions an encoder-decoder's static step reads for a source ``length`` tokens
+    long: the next power of two, at least ``SOURCE_BUCKET_LEAST`` (the rest padding, masked)."""
+    return max(SOURCE_BUCKET_LEAST, 1 << (length - 1).bit_length())
 
 
 @functools.cache
@@ -65,18 +87,31 @@ def replays_graphs(device: torch.device) -> bool:
 class StaticStep:
     """A single-token step whose inputs and output stay where they are, so that CUDA can replay it.
 
-    ``step(*args)`` returns next-token logits (B, V). ``token`` (B, 1), one of ``args``, is where each
-    call writes the new token; everything else the step reaches (weights, the static cache, masks) is
-    read or written in place, never replaced, and nothing in it waits for the device. The step runs
-    through ``compiled``. With ``graph`` (``replays_graphs``), the first ``GRAPH_WARMUP`` calls run the
-    compiled step (compiling it and warming its kernels), the next captures it as a CUDA graph, and
-    every later call replays that graph; the logits it returns are then the graph's own output, which
-    the next call overwrites: read them first. Without ``graph`` every call runs the compiled step.
-    A capture that fails warns and leaves the compiled step to run at every token.
+    ``step(model, *args)`` returns next-token logits (B, V). ``token`` (B, 1), one of ``args``, is where
+    each call writes the new token; everything else the step reaches (weights, the static cache, masks)
+    is read or written in place, never replaced, and nothing in it waits for the device. ``buffers``
+    holds the tensors a later ``generate`` call refills (``kept_step``). The step runs through
+    ``compiled``. With ``graph`` (``replays_graphs``), the first ``GRAPH_WARMUP`` calls run the compiled
+    step (compiling it and warming its kernels), the next captures it as a CUDA graph, and every later
+    call, in this ``generate`` or a later one, replays that graph; the logits it returns are then the
+    graph's own output, which the next call overwrites: read them first. Without ``graph`` every call
+    runs the compiled step. A capture that fails is reported once (``capture_failed``) and leaves the
+    compiled step to run at every token. The model is held weakly: a kept step does not keep it alive.
     """
 
-    def __init__(self, step: Callable[..., Tensor], args: tuple[Any, ...], token: Tensor, *, graph: bool) -> None:
+    def __init__(
+        self,
+        step: Callable[..., Tensor],
+        model: Generates,
+        args: tuple[Any, ...],
+        token: Tensor,
+        *,
+        graph: bool,
+        buffers: dict[str, Any] | None = None,
+    ) -> None:
         self.step, self.args, self.token = compiled(step), args, token
+        self.model = weakref.ref(model)
+        self.buffers = buffers or {}
         self.graphs = graph  # still to capture, or captured
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: Tensor | None = None  # the graph's output
@@ -91,25 +126,79 @@ class StaticStep:
             return self.logits
         if self.graphs and self.calls > GRAPH_WARMUP:
             return self._capture()
-        return self.step(*self.args)
+        return self._run()
+
+    def _run(self) -> Tensor:
+        return self.step(self.model(), *self.args)
 
     def _capture(self) -> Tensor:
         """Capture the step as a CUDA graph, then replay it for this call (a capture runs nothing)."""
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                logits = self.step(*self.args)
+                logits = self._run()
         except RuntimeError as error:
             self.graphs = False
-            warnings.warn(
-                f"decoding could not capture its step as a CUDA graph and runs it without one: {error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return self.step(*self.args)
+            capture_failed(error)
+            return self._run()
         self.graph, self.logits = graph, logits
         graph.replay()
         return logits
+
+
+_told_capture_failed = False
+
+
+def capture_failed(error: BaseException) -> None:
+    """Say once per process, in one line on stderr, that decoding runs without CUDA graphs and why.
+    (The GPU tests replace this function with one that raises: there a failed capture is an error.)"""
+    global _told_capture_failed
+    if _told_capture_failed:
+        return
+    _told_capture_failed = True
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    print(
+        f"zoo: warning: generate(compile=True) could not capture its step as a CUDA graph ({reason}); "
+        "it runs the compiled step at every token, slower",
+        file=sys.stderr,
+    )
+
+
+class _Kept:
+    """The static steps kept for one model, most recently used last, valid while its tensors stay put."""
+
+    def __init__(self, fingerprint: tuple[Any, ...]) -> None:
+        self.fingerprint = fingerprint
+        self.steps: collections.OrderedDict[tuple[Any, ...], StaticStep] = collections.OrderedDict()
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(model: Generates) -> tuple[Any, ...]:
+    """Where and how every parameter and buffer of ``model`` is stored: what a CUDA graph reads."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return tuple((t.data_ptr(), t.dtype, t.device) for t in tensors)
+
+
+def kept_step(model: Generates, key: tuple[Any, ...], build: Callable[[], StaticStep]) -> StaticStep:
+    """The static step kept for ``model`` under ``key`` (what its shapes depend on), built by ``build``
+    the first time; at most ``KEPT_STEPS`` per model, the least recently used dropped first. Every
+    kept step is dropped when a parameter or buffer of the model has moved or changed dtype or device."""
+    fingerprint = _fingerprint(model)
+    kept = _KEPT.get(model)
+    if kept is None or kept.fingerprint != fingerprint:
+        kept = _KEPT[model] = _Kept(fingerprint)
+    step = kept.steps.pop(key, None)
+    kept.steps[key] = step = build() if step is None else step
+    while len(kept.steps) > KEPT_STEPS:
+        kept.steps.popitem(last=False)
+    return step
+
+
+def forget_steps(model: Generates) -> None:
+    """Drop every static step kept for ``model`` (and the memory its caches and graphs hold)."""
+    _KEPT.pop(model, None)
 
 
 class Steps:
@@ -240,20 +329,36 @@ class DecoderSteps(Steps):
         self.prefix_len = T if model.needs_prefix_len else None  # the prompt
         self.cache: Cache | None = None
         self.static: StaticStep | None = None
-        width = T + max_new
-        if caching == "static":
-            width = static_capacity(model, T + max_new)
-            self.cache = model.new_cache(width, static=True)
-        elif caching == "dynamic":
-            self.cache = model.new_cache(T + max_new)
-        self.masks = torch.ones(B, width, dtype=mask.dtype, device=mask.device)  # (B, N) or (B, capacity)
+        if caching == "static":  # the kept step's buffers, refilled: (B, capacity) mask, (B, 1) pads
+            self.static = self._static_step(ids, mask)
+            self.cache, self.masks, self.pads = (self.static.buffers[k] for k in ("cache", "masks", "pads"))
+            self.cache.reset()
+            self.masks.fill_(1)
+        else:
+            self.cache = model.new_cache(T + max_new) if caching == "dynamic" else None
+            self.masks = torch.ones(B, T + max_new, dtype=mask.dtype, device=mask.device)  # (B, N)
+            self.pads = ids.new_zeros(B, 1) if self.padded else None
         self.masks[:, :T] = mask
-        self.pads = (T - mask.sum(-1, keepdim=True)) if self.padded else None  # (B, 1)
-        if caching == "static":
+        if self.pads is not None:
+            self.pads.copy_(T - mask.sum(-1, keepdim=True))  # (B, 1): each row's padding
+
+    def _static_step(self, ids: Tensor, mask: Tensor) -> StaticStep:
+        """The static step kept for this model, batch, capacity and padding (``kept_step``)."""
+        model, B = self.model, ids.shape[0]
+        capacity = static_capacity(model, self.tokens.shape[1])  # the prompt and every new token
+        graph = replays_graphs(ids.device)
+
+        def build() -> StaticStep:
+            cache = model.new_cache(capacity, static=True)
+            masks = torch.ones(B, capacity, dtype=mask.dtype, device=mask.device)  # (B, capacity)
+            pads = ids.new_zeros(B, 1) if self.padded else None
             token = ids.new_zeros(B, 1)
-            keys_mask = self.masks if self.padded else None
-            args = (model, token, self.cache, keys_mask, self.pads, self.prefix_len)
-            self.static = StaticStep(_decoder_step, args, token, graph=replays_graphs(ids.device))
+            args = (token, cache, masks if self.padded else None, pads, self.prefix_len)
+            buffers = {"cache": cache, "masks": masks, "pads": pads}
+            return StaticStep(_decoder_step, model, args, token, graph=graph, buffers=buffers)
+
+        key = ("decoder", B, capacity, self.padded, self.prefix_len, model.kv_dtype, mask.dtype, graph)
+        return kept_step(model, key, build)
 
     @property
     def mask(self) -> Tensor:
@@ -311,13 +416,33 @@ class EncoderDecoderSteps(Steps):
         self._hold(torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device), max_new)
         self.cache: Cache | None = None
         self.static: StaticStep | None = None
-        if caching == "static":
-            self.cache = model.new_cache(static_capacity(model, max_new + 1), static=True)
-            token = self.tokens.new_zeros(src.shape[0], 1)
-            args = (model, token, self.cache, self.memory, self.src_mask)
-            self.static = StaticStep(_decoder_start, args, token, graph=replays_graphs(src.device))
+        if caching == "static":  # the memory padded to its bucket, (B, S'), in the kept step's buffers
+            self.static = self._static_step(max_new)
+            self.cache, memory, mask = (self.static.buffers[k] for k in ("cache", "memory", "src_mask"))
+            self.cache.reset()
+            S = src.shape[1]
+            memory.zero_()[:, :S] = self.memory
+            mask.zero_()[:, :S] = src_mask
+            self.memory, self.src_mask = memory, mask
         elif caching == "dynamic":
             self.cache = model.new_cache(max_new + 1)
+
+    def _static_step(self, max_new: int) -> StaticStep:
+        """The static step kept for this model, batch, capacity and source bucket (``kept_step``)."""
+        model, (B, S, D) = self.model, self.memory.shape
+        capacity, bucket = static_capacity(model, max_new + 1), source_bucket(S)
+        graph = replays_graphs(self.memory.device)
+
+        def build() -> StaticStep:
+            cache = model.new_cache(capacity, static=True)
+            memory = self.memory.new_zeros(B, bucket, D)  # (B, S', D)
+            mask = torch.zeros(B, bucket, dtype=torch.long, device=self.memory.device)  # (B, S')
+            token = self.tokens.new_zeros(B, 1)
+            buffers = {"cache": cache, "memory": memory, "src_mask": mask}
+            return StaticStep(_decoder_start, model, (token, cache, memory, mask), token, graph=graph, buffers=buffers)
+
+        key = ("encoder_decoder", B, capacity, bucket, model.kv_dtype, self.memory.dtype, graph)
+        return kept_step(model, key, build)
 
     def first(self) -> Tensor:
         return _decoder_start(self.model, self.ids, self.cache, self.memory, self.src_mask)

@@ -102,8 +102,9 @@ def generate(
             has a positive logit divided by it and a negative one multiplied (CTRL; > 1 discourages repeats).
         no_repeat_ngram_size: n > 0 lets no n-gram occur twice in that sequence; 0 is off.
         compile: decode with a static KV cache and a ``torch.compile``d single-token step, compiled once per model,
-            batch and length bucket (zoo.decoding), giving the tokens of ``compile=False``; on CUDA the step is
-            captured as a CUDA graph and replayed at every token (``zoo.decoding.StaticStep``). Needs ``use_cache``.
+            batch and length bucket (an encoder-decoder's: and source bucket) and kept for later calls of the same
+            shape (zoo.decoding), giving the tokens of ``compile=False``; on CUDA the step is captured once as a
+            CUDA graph and replayed at every token (``zoo.decoding.StaticStep``). Needs ``use_cache``.
 
     Returns:
         decoder: (B, T + n) prompt and continuation; encoder_decoder: (B, 1 + n) starting with

@@ -213,9 +213,22 @@ class KVCache(_Stored):
         return self._unpack(joined[0], k_scale), self._unpack(joined[1], v_scale)
 
     def set(self, k: Tensor, v: Tensor) -> None:
-        """Hold keys/values that never change (cross-attention over the encoder output)."""
-        (self.k, self.k_scale), (self.v, self.v_scale) = self._pack(k), self._pack(v)
+        """Hold keys/values that never change (cross-attention over the encoder output): in the tensors
+        already held when they have the same shapes (a kept static step's CUDA graph reads them there),
+        else in new ones."""
+        packed = (*self._pack(k), *self._pack(v))  # k, k_scale, v, v_scale
+        held = (self.k, self.k_scale, self.v, self.v_scale)
+        if all(_same_shape(a, b) for a, b in zip(held, packed, strict=True)) and held[0] is not None:
+            for a, b in zip(held, packed, strict=True):
+                if a is not None:
+                    a.copy_(b)
+        else:
+            self.k, self.k_scale, self.v, self.v_scale = packed
         self.length = k.shape[2]
+
+    def reset(self) -> None:
+        """Hold nothing, keeping the tensors for the next ``set`` or ``append`` of the same shapes."""
+        self.length = 0
 
     def _grow(self, capacity: int, like: Tensor, like_scale: Tensor | None) -> None:
         B, KV, _, hd = like.shape
@@ -267,6 +280,19 @@ class StaticKVCache(_Stored):
         self.pos.add_(k.shape[2])
         return self._unpack(self.k, self.k_scale), self._unpack(self.v, self.v_scale)
 
+    def reset(self) -> None:
+        """Hold nothing, as a new cache, in the same tensors (zeroed): the next write is at position 0."""
+        self.pos.zero_()
+        for stored in self._stored():
+            stored.zero_()
+
+
+def _same_shape(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether ``b`` can be written into ``a`` in place (both None counts)."""
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
 
 LayerCaches = tuple["KVCache | StaticKVCache", "KVCache | None"]  # one block's self- and cross-attention caches
 
@@ -312,6 +338,13 @@ class Cache(nn.Module):
     def offset(self) -> int | Tensor:
         """The position of the next token: an int, or a 0-d tensor for a static cache."""
         return self.self_attn[0].offset
+
+    def reset(self) -> None:
+        """Empty every layer's cache in place, for another ``generate`` call of the same shapes: a kept
+        static step (zoo.decoding) and its CUDA graph read these very tensors."""
+        for cache in self.modules():
+            if isinstance(cache, _Stored):
+                cache.reset()
 
     def reorder(self, index: Tensor) -> None:
         for cache in self.modules():
