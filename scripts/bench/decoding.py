@@ -33,6 +33,10 @@ static compiled`` is transformers' own choice on a GPU (``CompileConfig()``: mod
 its CUDA graphs). The goals, each reported as met or not: ``zoo compiled`` at >= 1.5x ``hf static
 compiled`` at every batch, and >= 2,000 tokens/s at batch 1. ``--dry-run`` runs the same steps on the
 CPU at a tiny size, in well under a minute, to show that the script works; its figures mean nothing.
+
+A variant that fails (transformers' static cache on a version without ``CompileConfig``, a compile error)
+is a row with its ``error`` and no figures; the others are still measured (ratios to a failed HF variant
+are None) and written, and the script exits 1. ``--quick`` with ``--gpu``: 128 new tokens, 2 rounds.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ GPU = dict(  # --gpu: GPT-2 124M in bf16 on CUDA
     layers=12, d_model=768, heads=12, vocab=50257, batches=[1, 16], new_tokens=256, rounds=3, warmup=2, device="cuda"
 )
 DRY_RUN = dict(layers=2, d_model=64, heads=2, vocab=256, batches=[1], new_tokens=8, rounds=1, warmup=1, device="cpu")
+QUICK = dict(new_tokens=128, rounds=2, warmup=1)  # --gpu --quick: what fits scripts/gpu_check.sh --quick's minute
 GOAL_VS_HF = 1.5  # --gpu: zoo compiled / hf static compiled, at every batch
 GOAL_TOKENS_PER_S = 2000.0  # --gpu: zoo compiled at batch 1
 
@@ -89,13 +94,34 @@ def _wait(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def decoders(hf: Any, ours: zoo.ZooModel, prompt: torch.Tensor, new: int) -> dict[str, Callable[[], torch.Tensor]]:
-    """One greedy call per variant, each returning prompt + ``new`` tokens."""
+def decoders(
+    hf: Any, ours: zoo.ZooModel, prompt: torch.Tensor, new: int
+) -> tuple[dict[str, Callable[[], torch.Tensor]], dict[str, str]]:
+    """One greedy call per variant, each returning prompt + ``new`` tokens; and the variants that could not
+    be set up, with their error (transformers' static cache on a version without ``CompileConfig``)."""
+    calls: dict[str, Callable[[], torch.Tensor]] = {
+        "zoo": lambda: ours.generate(prompt, new, eos_token_id=None),
+        "zoo compiled": lambda: ours.generate(prompt, new, eos_token_id=None, compile=True),
+    }
+    mask = torch.ones_like(prompt)
+    common = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    calls["hf"] = lambda: hf.generate(prompt, **common)
+    try:
+        calls["hf static compiled"] = _hf_static(hf, prompt, mask, common)
+    except Exception as error:
+        return calls, {"hf static compiled": _error(error)}
+    return calls, {}
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+
+
+def _hf_static(hf: Any, prompt: torch.Tensor, mask: torch.Tensor, common: dict[str, Any]) -> Callable[[], Any]:
+    """transformers' static-cache compiled ``generate`` (``CompileConfig`` and its CPU switch: recent versions)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
 
-    mask = torch.ones_like(prompt)
-    common = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     if prompt.device.type == "cuda":
         compile_config = CompileConfig()  # transformers' default on a GPU: mode="reduce-overhead", CUDA graphs
     else:
@@ -106,23 +132,30 @@ def decoders(hf: Any, ours: zoo.ZooModel, prompt: torch.Tensor, new: int) -> dic
         compile_config=compile_config,
         **{k: v for k, v in common.items() if k != "attention_mask"},
     )
-    return {
-        "zoo": lambda: ours.generate(prompt, new, eos_token_id=None),
-        "zoo compiled": lambda: ours.generate(prompt, new, eos_token_id=None, compile=True),
-        "hf": lambda: hf.generate(prompt, **common),
-        "hf static compiled": lambda: hf.generate(prompt, attention_mask=mask, generation_config=static),
-    }
+    return lambda: hf.generate(prompt, attention_mask=mask, generation_config=static)
 
 
 def rates(
-    calls: dict[str, Callable[[], torch.Tensor]], tokens: int, rounds: int, warmup: int, device: str = "cpu"
+    calls: dict[str, Callable[[], torch.Tensor]],
+    tokens: int,
+    rounds: int,
+    warmup: int,
+    device: str = "cpu",
+    failed: dict[str, str] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
     """tokens/s of each call over ``rounds`` rounds in rotating order, after ``warmup`` untimed calls;
-    and each call's output."""
+    and each call's output. A call that fails in its warm-up is left out, its error put in ``failed``."""
     outputs = {}
-    for name, call in calls.items():
-        for _ in range(warmup):
-            outputs[name] = call()
+    for name, call in list(calls.items()):
+        try:
+            for _ in range(warmup):
+                outputs[name] = call()
+        except Exception as error:
+            if failed is None:
+                raise
+            failed[name] = _error(error)
+            del calls[name]
+            outputs.pop(name, None)
     measured: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
     for r in range(rounds):
@@ -151,17 +184,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         prompt = torch.randint(5, args.vocab, (batch, 16), generator=torch.Generator().manual_seed(batch))
         prompt = prompt.to(args.device)
         with torch.inference_mode():
-            measured, outputs = rates(
-                decoders(hf, ours, prompt, args.new_tokens),
-                batch * args.new_tokens,
-                args.rounds,
-                args.warmup,
-                args.device,
-            )
+            calls, failed = decoders(hf, ours, prompt, args.new_tokens)
+            measured, outputs = rates(calls, batch * args.new_tokens, args.rounds, args.warmup, args.device, failed)
         medians = {name: statistics.median(values) for name, values in measured.items()}
-        best_hf = max(medians["hf"], medians["hf static compiled"])
-        same = all(torch.equal(out, outputs["zoo"]) for out in outputs.values())
+        hf_rates = [medians[name] for name in ("hf", "hf static compiled") if name in medians]
+        best_hf = max(hf_rates) if hf_rates else None
+        same = all(torch.equal(out, next(iter(outputs.values()))) for out in outputs.values())
         for name in VARIANTS:
+            if name in failed:
+                rows.append({"batch": batch, "variant": name, "tokens_per_s": None, "error": failed[name]})
+                print(f"batch {batch} {name:>20}: FAILED: {failed[name]}", flush=True)
+                continue
             values = measured[name]
             steps_per_s = medians[name] / batch  # each step reads every weight once, whatever the batch
             rows.append(
@@ -170,9 +203,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     "variant": name,
                     "tokens_per_s": medians[name],
                     "spread": [min(values), max(values)],
-                    "vs_best_hf": medians[name] / best_hf,
-                    "vs_hf_eager": medians[name] / medians["hf"],  # zoo eager / hf: equal precision, no compile
-                    "vs_hf_static_compiled": medians[name] / medians["hf static compiled"],
+                    "vs_best_hf": _ratio(medians[name], best_hf),
+                    "vs_hf_eager": _ratio(medians[name], medians.get("hf")),  # zoo eager / hf: no compile
+                    "vs_hf_static_compiled": _ratio(medians[name], medians.get("hf static compiled")),
                     "bandwidth_fraction": {k: steps_per_s * weight_bytes / b for k, b in bandwidth.items()},
                     "same_tokens": same,
                 }
@@ -186,27 +219,35 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _ratio(a: float, b: float | None) -> float | None:
+    return None if b is None else a / b
+
+
 def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The CUDA-graph goals (``--gpu``), each with the value measured and whether it is met: ``zoo compiled``
     at >= GOAL_VS_HF times ``hf static compiled`` at every batch, and >= GOAL_TOKENS_PER_S tokens/s at batch 1."""
     found = []
     for row in rows:
-        if row["variant"] != "zoo compiled":
+        if row["variant"] != "zoo compiled" or row.get("error"):
             continue
         ratio = row["vs_hf_static_compiled"]
         goal = f"batch {row['batch']}: zoo compiled >= {GOAL_VS_HF}x hf static compiled"
-        found.append({"goal": goal, "value": ratio, "met": ratio >= GOAL_VS_HF})
+        found.append({"goal": goal, "value": ratio, "met": None if ratio is None else ratio >= GOAL_VS_HF})
         if row["batch"] == 1:
             rate, goal = row["tokens_per_s"], f"batch 1: zoo compiled >= {GOAL_TOKENS_PER_S:,.0f} tok/s"
             found.append({"goal": goal, "value": rate, "met": rate >= GOAL_TOKENS_PER_S})
     return found
 
 
+def _x(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+
 def _report(row: dict[str, Any]) -> None:
     print(
         f"batch {row['batch']} {row['variant']:>20}: {row['tokens_per_s']:8.1f} tok/s "
-        f"({row['vs_best_hf']:.2f}x the faster HF, {row['vs_hf_eager']:.2f}x HF eager, "
-        f"{row['vs_hf_static_compiled']:.2f}x HF static compiled)",
+        f"({_x(row['vs_best_hf'])} the faster HF, {_x(row['vs_hf_eager'])} HF eager, "
+        f"{_x(row['vs_hf_static_compiled'])} HF static compiled)",
         flush=True,
     )
 
@@ -233,20 +274,26 @@ def print_table(out: dict[str, Any]) -> None:
     ):
         table.add_column(column, justify="left" if column == "variant" else "right")
     for row in out["rows"]:
+        if row.get("error"):
+            table.add_row(str(row["batch"]), row["variant"], "FAILED", *[""] * 5, row["error"][:60])
+            continue
         fraction = row["bandwidth_fraction"]
         table.add_row(
             str(row["batch"]),
             row["variant"],
             f"{row['tokens_per_s']:,.0f} ({row['spread'][0]:,.0f}..{row['spread'][1]:,.0f})",
-            f"{row['vs_best_hf']:.2f}x",
-            f"{row['vs_hf_eager']:.2f}x",
-            f"{row['vs_hf_static_compiled']:.2f}x",
+            _x(row["vs_best_hf"]),
+            _x(row["vs_hf_eager"]),
+            _x(row["vs_hf_static_compiled"]),
             f"{fraction['memory']:.0%}",
             f"{fraction['weights-sized']:.0%}",
             str(row["same_tokens"]),
         )
     Console().print(table)
     for goal in out.get("goals", []):
+        if goal["value"] is None:
+            print(f"goal {goal['goal']}: n/a (that HF variant failed)", flush=True)
+            continue
         print(f"goal {goal['goal']}: {goal['value']:,.2f} -> {'met' if goal['met'] else 'NOT met'}", flush=True)
     if config["dry_run"]:
         print("dry run on the CPU at a tiny size: the figures and verdicts mean nothing", flush=True)
@@ -275,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dry-run", action="store_true", help="with --gpu: its steps on the CPU at a tiny size (figures mean nothing)"
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="with --gpu: 128 new tokens, 2 rounds, 1 warm-up (gpu_check.sh --quick)"
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     return parser
 
@@ -284,8 +334,11 @@ def parse(cli: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Name
     args = cli.parse_args(argv)
     if args.dry_run and not args.gpu:
         cli.error("--dry-run shrinks the --gpu check: pass --gpu --dry-run")
+    if args.quick and not args.gpu:
+        cli.error("--quick shortens the --gpu check: pass --gpu --quick")
     if args.gpu:
-        cli.set_defaults(**(DRY_RUN if args.dry_run else GPU), dtype="bfloat16")
+        quick = QUICK if args.quick and not args.dry_run else {}
+        cli.set_defaults(**(DRY_RUN if args.dry_run else GPU), **quick, dtype="bfloat16")
         args = cli.parse_args(argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         cli.error(f"--device {args.device}: no CUDA device here (--gpu --dry-run runs the check on the CPU)")
@@ -308,4 +361,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if any(row.get("error") for row in main()["rows"]) else 0)  # the rows that ran are written

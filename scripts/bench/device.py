@@ -32,6 +32,10 @@ same compile setting, the graphs and graph breaks of what is compiled (``torch._
 the kernels inductor generated for them (CPU too), CUDA kernels launched per step (torch.profiler, GPU only)
 and the seconds the first call took (compilation).
 The goals of the compiled ``zoo`` rows: MFU >= 45% and >= 1.3x ``hf`` compiled, each said met or not.
+
+A variant that fails (transformers' twin on a version without a keyword this script passes, a compile error,
+out of memory) is a row with its ``error`` and no figures, printed as one line; every other variant is still
+measured and written, and the script exits 1.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import copy
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -208,16 +213,26 @@ def bench_device(
     zoo_model = zoo.create_model(preset, seed=0, **longer).train()
     if not isinstance(zoo_model, DecoderModel):
         raise SystemExit(f"scripts/bench/device.py trains decoders (next-token loss); {preset} is {cfg.arch}")
-    hf = None
+    hf, failed = None, []
+    shape = {"preset": preset, "batch": batch, "length": length}
     if "hf" in variants:
-        with tempfile.TemporaryDirectory() as folder:
-            hf = hf_twin(zoo_model, str(Path(folder) / "hf")).to(device)
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                hf = hf_twin(zoo_model, str(Path(folder) / "hf")).to(device)
+        except Exception as error:  # an older transformers: the twin is reported failed, zoo's rows stay
+            failed += [_failed("hf", compiled, error, **shape) for compiled in compiles]
+            variants = [v for v in variants if v != "hf"]
     zoo_model.to(device)
     ids = torch.randint(0, cfg.vocab_size, (batch, length + 1), generator=torch.Generator().manual_seed(0))
     runs = build_runs(zoo_model, hf, ids.to(device), variants, compiles, loss_chunk=loss_chunk, cuda=cuda)
     del zoo_model, hf
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cuda)
-    structure = {id(run): explain(run.traced, autocast) if run.compile else (None, None) for run in runs}
+    structure = {}
+    for run in runs:
+        try:
+            structure[id(run)] = explain(run.traced, autocast) if run.compile else (None, None)
+        except Exception:  # a trace that fails is no figure, not the end of the benchmark
+            structure[id(run)] = (None, None)
     torch._dynamo.reset()  # explain's traces are not the compiled ones
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
@@ -228,12 +243,20 @@ def bench_device(
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
 
-    for run in runs:  # first calls: compilation (forward and backward graphs), lazy optimizer state
+    for run in list(runs):  # first calls: compilation (forward and backward graphs), lazy optimizer state
         sync()
         metrics.reset()
         start = time.perf_counter()
-        step(run)
-        sync()
+        try:
+            step(run)
+            sync()
+        except Exception as error:  # e.g. a keyword this transformers lacks: that run alone is lost
+            failed.append(_failed(run.variant, run.compile, error, **shape))
+            runs.remove(run)
+            run.model = run.optimizer = None
+            if cuda:
+                torch.cuda.empty_cache()
+            continue
         run.first_call_s = time.perf_counter() - start
         run.generated_kernels = metrics.generated_kernel_count if run.compile else None
     for run in runs:  # after every compilation: its worker processes may hold the CPU for a while
@@ -256,13 +279,28 @@ def bench_device(
     kernels = {id(run): cuda_kernels(lambda run=run: step(run)) if cuda else None for run in runs}
     name = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
     peak = _peak(name, device) if cuda else None
-    flops_per_token = zoo.stats(runs[0].model.config if runs[0].variant != "hf" else cfg, seq_len=length)
+    flops_per_token = zoo.stats(cfg.replace(**longer) if longer else cfg, seq_len=length)
     rows = [
         _row(run, preset, name, batch, length, steps, flops_per_token.flops_per_token_train, peak, structure, kernels)
         for run in runs
     ]
+    rows += [{**row, "device": name} for row in failed]
     _compare(rows)
     return rows
+
+
+def _failed(variant: str, compiled: bool, error: BaseException, **shape: Any) -> dict[str, Any]:
+    """The row of a variant that could not run: what failed, in one line, and no figures."""
+    message = (str(error).strip().splitlines() or [""])[0][:300]
+    return {
+        "model": "hf" if variant == "hf" else "zoo",
+        "variant": variant,
+        "compile": compiled,
+        **shape,
+        "error": f"{type(error).__name__}: {message}",
+        "tokens_per_s": None,
+        "mfu": None,
+    }
 
 
 def _held_bytes(run: Run) -> int:
@@ -325,8 +363,10 @@ def _row(
 
 def _compare(rows: list[dict[str, Any]]) -> None:
     """Each row's ratio to ``hf`` at its compile setting; the goals on the compiled zoo rows."""
-    hf = {row["compile"]: row["tokens_per_s"] for row in rows if row["model"] == "hf"}
+    hf = {row["compile"]: row["tokens_per_s"] for row in rows if row["model"] == "hf" and not row.get("error")}
     for row in rows:
+        if row.get("error"):
+            continue
         if row["compile"] in hf:
             row["vs_hf"] = row["tokens_per_s"] / hf[row["compile"]]
         if row["model"] == "zoo" and row["compile"]:
@@ -360,6 +400,13 @@ def bench_device_training(
 
 def report(rows: list[dict[str, Any]]) -> None:
     console = Console(width=160)  # the whole table in a log too
+    for row in rows:
+        if row.get("error"):
+            compiled = "compiled" if row["compile"] else "eager"
+            console.print(f"{row['variant']} {compiled} FAILED: {row['error']}", markup=False, highlight=False)
+    rows = [row for row in rows if not row.get("error")]
+    if not rows:
+        return
     first = rows[0]
     table = Table(title=f"{first['preset']} on {first['device']}, batch {first['batch']} x {first['length']}")
     table.add_column("variant", no_wrap=True)
@@ -439,4 +486,4 @@ def device_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    device_main()
+    sys.exit(1 if any(row.get("error") for row in device_main()) else 0)  # the rows that ran are written
