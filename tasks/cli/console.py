@@ -55,6 +55,12 @@ def quiet_libraries() -> None:
         lambda record: record.levelno > logging.INFO or not any(text in record.getMessage() for text in NOISE)
     )
     lightning_lines_once()
+    logging.getLogger("mlflow.store.db.utils").addFilter(  # logger=mlflow: creating its SQLite tables
+        lambda record: record.levelno > logging.INFO
+    )
+    logging.getLogger("lightning.pytorch.loggers.mlflow").addFilter(  # a new experiment: it is made, not lost
+        lambda record: "not found. Creating it." not in record.getMessage()
+    )
 
 
 def lightning_lines_once() -> None:

@@ -1,0 +1,174 @@
+"""logger=mlflow and logger=wandb (tasks/trackers.py): a run, its resume and a two-job grid read back
+through the trackers' own readers — MLflow's client on the SQLite store, W&B's offline files."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+
+TINY = [
+    "data.source_args.max_files=40",
+    "data.vocab_size=300",
+    "data.seq_len=32",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+    "task.sample_tokens=2",
+]
+
+
+def zoo_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.cli.train",
+            *[a for a in args if a == "-m"],
+            *TINY,
+            *[a for a in args if a != "-m"],
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def steps(client, run_id: str, metric: str) -> list[int]:
+    return [m.step for m in client.get_metric_history(run_id, metric)]
+
+
+@pytest.mark.slow
+def test_mlflow_tracks_a_run_its_resume_and_a_grid(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    zoo_train(tmp_path, "logger=mlflow", "trainer.max_steps=4", "test=false", "hydra.run.dir=run")
+    first = json.loads((tmp_path / "run" / "mlflow.json").read_text())["run_id"]
+    zoo_train(tmp_path, "resume=run", "trainer.max_steps=6")
+    assert json.loads((tmp_path / "run" / "mlflow.json").read_text())["run_id"] == first  # the same run
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    run = client.get_run(first)
+    assert client.get_experiment(run.info.experiment_id).name == "gpt_generator"
+    assert run.info.status == "FINISHED" and run.data.tags["zoo.ended"] == "finished"
+    assert run.data.params["model.d_model"] == "32" and run.data.params["trainer.max_steps"] == "4"
+    assert run.data.tags["zoo.resumed.trainer.max_steps"] == "6"  # a parameter cannot change: kept as a tag
+    assert "trainer.max_steps=6" in run.data.tags["zoo.resumed_with"]
+    assert run.data.tags["zoo.run_dir"] == str(tmp_path / "run")
+    assert steps(client, first, "train/loss") == [1, 2, 3, 4, 5, 6]  # metrics.csv's numbering, one run
+    assert steps(client, first, "val/loss") == [2, 4, 6]  # (the resume keeps the run's test=false)
+    assert [a.path for a in client.list_artifacts(first)] == ["config.yaml"]
+
+    zoo_train(
+        tmp_path,
+        "-m",
+        "logger=mlflow",
+        "trainer.max_steps=2",
+        "test=false",
+        "model.n_layers=1,2",
+        "hydra.sweep.dir=grid",
+    )
+    (grid,) = [e for e in client.search_experiments() if e.name == "gpt_generator grid"]
+    jobs = client.search_runs([grid.experiment_id])
+    assert sorted(r.data.params["model.n_layers"] for r in jobs) == ["1", "2"]  # one run per job
+    for job in jobs:
+        assert job.info.status == "FINISHED" and steps(client, job.info.run_id, "train/loss") == [1, 2]
+        assert job.data.tags["zoo.sweep_dir"] == str(tmp_path / "grid")
+        assert f"model.n_layers={job.data.params['model.n_layers']}" in job.data.tags["zoo.overrides"]
+
+
+def records(path: Path):
+    """The records of a W&B transaction log (``run-<id>.wandb``): a LevelDB log of protobuf records
+    after a 7-byte header (W&B's own reader is no longer in its Python package)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block, pos, pending = path.read_bytes(), 32768, 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:  # zero padding at the end of the file
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = pb.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+@pytest.mark.slow
+def test_wandb_offline_tracks_a_run_and_its_resume_in_the_same_run(tmp_path):
+    zoo_train(tmp_path, "logger=wandb", "trainer.max_steps=4", "test=false", "hydra.run.dir=run")
+    run_id = json.loads((tmp_path / "run" / "wandb.json").read_text())["run_id"]
+    zoo_train(tmp_path, "resume=run", "trainer.max_steps=6")
+    assert json.loads((tmp_path / "run" / "wandb.json").read_text())["run_id"] == run_id
+    logs = sorted((tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(logs) == 2  # both attempts logged into the W&B run of that id, offline
+
+    logged, config = [], {}
+    for log in logs:
+        for record in records(log):
+            if record.HasField("history"):
+                row = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+                }
+                if "train/loss" in row:
+                    logged.append(row["trainer/global_step"])
+            if record.HasField("config"):
+                config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+    assert logged == [1, 2, 3, 4, 5, 6]  # metrics.csv's numbering, across the resume
+    assert config["model.d_model"] == 32 and config["zoo.run_dir"] == str(tmp_path / "run")
+
+
+def test_how_a_run_ended_is_told_from_the_exception_being_handled():
+    from hydra_plugins.zoo_optuna_sweeper._study import Pruned
+    from tasks.errors import DivergedError
+    from tasks.trackers import how_it_ended
+
+    assert how_it_ended("success") == ("FINISHED", "finished")
+    ended = {
+        KeyboardInterrupt: ("KILLED", "interrupted"),
+        Pruned: ("KILLED", "Pruned"),  # a pruned trial shows as stopped on purpose, not as failed
+        DivergedError: ("KILLED", "DivergedError"),
+        RuntimeError: ("FAILED", "RuntimeError"),
+    }
+    for error, expected in ended.items():
+        try:
+            raise error("x")
+        except BaseException:
+            assert how_it_ended("failed") == expected
+
+
+@pytest.mark.parametrize("text", ['{"where": "w", "run_id": "../../etc"}', "not json", '["w"]', '{"where": "w"}'])
+def test_a_run_record_that_zoo_did_not_write_is_refused_in_one_line(text, tmp_path):
+    from tasks.errors import UserError
+    from tasks.trackers import known_run
+
+    (tmp_path / "mlflow.json").write_text(text)
+    with pytest.raises(UserError, match="mlflow.json: .*; move it away to start a new tracked run"):
+        known_run(tmp_path / "mlflow.json", "w")
+    assert known_run(tmp_path / "absent.json", "w") is None
+    (tmp_path / "mlflow.json").write_text('{"where": "elsewhere", "run_id": "abc"}')
+    assert known_run(tmp_path / "mlflow.json", "w") is None  # tracked in another store: a new run here
