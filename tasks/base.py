@@ -166,15 +166,16 @@ class ZooTask(L.LightningModule):
         raise NotImplementedError(f"{type(self).__name__} does not define model_step")
 
     def shared_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> Tensor:
-        """``model_step``, then the log: ``<stage>/loss`` (on the progress bar except in testing, averaged
-        over processes except in training) and the stage's metrics (on the bar in validation). The
-        model's auxiliary losses (an MoE router's, ``ZooModel.aux_losses``) are logged as
-        ``<stage>/<name>`` and added to the loss that training minimises; ``<stage>/loss`` stays the
-        task's own, comparable across models."""
+        """``model_step``, then the log: ``<stage>/loss`` (averaged over processes except in training; on
+        the progress bar in validation, and in training as ``StopOnNonFinite`` reads it at the logging
+        interval: a value on Lightning's bar would be read from the device at every step) and the stage's
+        metrics (on the bar in validation). The model's auxiliary losses (an MoE router's,
+        ``ZooModel.aux_losses``) are logged as ``<stage>/<name>`` and added to the loss that training
+        minimises; ``<stage>/loss`` stays the task's own, comparable across models."""
         pipeline = self.pipeline_step()
         loss = self.model_step(batch, batch_idx, stage) if pipeline is None else pipeline(self, batch, stage)
         size = len(batch["input_ids"])
-        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=stage != "train", batch_size=size)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=stage != "train", batch_size=size)
         for name, value in self.model.aux_losses().items():
             self.log(f"{stage}/{name}", value, sync_dist=stage != "train", batch_size=size)
             if stage == "train":
@@ -381,6 +382,14 @@ class ZooTask(L.LightningModule):
             warmup_cosine(self.scheduler_settings["warmup_steps"], total, self.scheduler_settings["min_lr_ratio"]),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def padding_mask(batch: dict[str, Any]) -> Tensor | None:
+    """The mask the model applies to ``batch``: its ``attention_mask`` when its collate padded a row
+    (``batch["padded"]``, decided on the host from the lengths), None when nothing is padding. The
+    model then takes its unmasked kernels without reading the mask on the device to find out
+    (``zoo.kernel_inputs.keep_mask``). A batch that does not say is taken as padded."""
+    return batch["attention_mask"] if batch.get("padded", True) else None
 
 
 def top_count(top: Any) -> int:

@@ -92,8 +92,16 @@ class Throughput(L.Callback):
         metrics = {"perf/tokens_per_s": self._tokens * replicas / seconds}
         if self.peak_flops:  # the FLOPs of all replicas over the peak of all devices
             metrics["perf/mfu"] = self._flop_total * replicas / trainer.world_size / seconds / self.peak_flops
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        self._log(trainer, metrics)
         self._tokens, self._flop_total, self._steps, self._start = 0, 0, 0, time.perf_counter()
+
+    @staticmethod
+    def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+        """Host floats straight to the loggers and ``callback_metrics``, as Lightning's LearningRateMonitor
+        logs: through ``self.log`` each would become a device tensor, read back at the logging interval."""
+        trainer.callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     def _flops(self, pl_module: L.LightningModule, seq_len: int) -> int:
         if seq_len not in self._flops_per_token:  # the model itself: no meta copy built per new length
@@ -341,10 +349,20 @@ def validates_by_interval(trainer: L.Trainer) -> bool:
 
 
 class StopOnNonFinite(L.Callback):
-    """Stops training with a DivergedError as soon as the loss or a gradient is NaN or infinite,
-    before the optimizer step: the weights stay those of the last finite step and no checkpoint
-    of NaN weights is ever written (the checkpoint writer refuses them too). Gradients are not
-    checked under fp16 mixed precision, whose loss scaler skips such steps by design.
+    """Stops training with a DivergedError when the loss or the gradients turn NaN or infinite, without
+    making the host wait for the device at every step; no non-finite weights are ever saved.
+
+    Each optimizer step folds the finiteness of its loss and of its gradients' norm into flags kept on
+    the device, and a step whose flag is up does not change the weights: an optimizer that takes the
+    gradient scaler's ``found_inf`` (fused AdamW) skips it on the device (weights, moments and step
+    count unchanged); any other optimizer has the flag read at that step, before its update, and the
+    run stops there, as it always did. The flags are read at the logging interval
+    (``trainer.log_every_n_steps``, in the one read that also puts the training loss on the progress
+    bar), before a validation's checkpoints and before any checkpoint is written (a crash checkpoint
+    too): a run with fused AdamW stops at the first logging interval (or validation) after the step that
+    diverged, naming that step, with the weights of the last finite step. The checkpoint writer refuses
+    non-finite weights besides. Gradients are not checked under fp16 mixed precision, whose loss
+    scaler skips such steps by design (a non-finite loss still stops the run).
 
     Args:
         monitor: the validated metric checkpoints follow (``monitor.metric``); a non-finite value
@@ -353,29 +371,102 @@ class StopOnNonFinite(L.Callback):
 
     def __init__(self, monitor: str | None = None) -> None:
         self.monitor = monitor
+        self._flags: dict[str, torch.Tensor] = {}  # on the device: see _start
+        self._start_step = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(pl_module.device)
+        self._start_step = trainer.global_step
+
+    def _start(self, device: torch.device) -> None:
+        """The device-side flags: a non-finite loss in this optimizer step, a non-finite loss or gradient
+        norm since training started; the optimizer steps taken since then, and the first one that was not
+        finite (0: none) with its loss."""
+        zero = torch.zeros((), device=device)
+        self._flags = {
+            "step_loss_bad": zero.bool(),
+            "loss_bad": zero.bool(),
+            "grad_bad": zero.bool(),
+            "steps": zero.long(),
+            "first_bad": zero.long(),
+            "first_loss": zero.float(),
+            "step_loss": zero.float(),
+        }
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if not torch.isfinite(loss.detach()).all():
-            raise DivergedError(_diverged(trainer, f"train/loss is {float(loss.detach().float().mean())}"))
+        if not self._flags:
+            self._start(loss.device)
+        flags, loss = self._flags, loss.detach().float()
+        bad = ~torch.isfinite(loss).all()
+        flags["step_loss"] = torch.where(bad, loss.mean(), flags["step_loss"])  # the non-finite value to name
+        flags["step_loss_bad"] = flags["step_loss_bad"] | bad
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if "16-mixed" in str(trainer.precision) and "bf16" not in str(trainer.precision):
-            return
+        from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+        if not self._flags:
+            self._start(pl_module.device)
+        flags = self._flags
+        fp16 = "16-mixed" in str(trainer.precision) and "bf16" not in str(trainer.precision)
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
-            raise DivergedError(_diverged(trainer, "the gradient norm is not finite"))
+        grad_bad = torch.zeros_like(flags["grad_bad"])
+        if grads and not fp16:
+            grad_bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        bad = flags["step_loss_bad"] | grad_bad
+        flags["steps"] = flags["steps"] + 1
+        new = bad & (flags["first_bad"] == 0)
+        flags["first_bad"] = torch.where(new, flags["steps"], flags["first_bad"])
+        flags["first_loss"] = torch.where(new, flags["step_loss"], flags["first_loss"])
+        flags["loss_bad"] = flags["loss_bad"] | flags["step_loss_bad"]
+        flags["grad_bad"] = flags["grad_bad"] | grad_bad
+        flags["step_loss_bad"] = torch.zeros_like(bad)
+        if not fp16 and _optimizer_handles_unscaling(optimizer):
+            optimizer.found_inf = bad.float()  # the fused step skips itself on the device (GradScaler's protocol)
+        else:
+            self.check(trainer)  # no device-side skip: read now, before the update
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer._logger_connector.should_update_logs:  # Lightning's logging interval (LearningRateMonitor's test)
+            self.check(trainer, show="train/loss")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        self.check(trainer)  # before the checkpoint callbacks (Lightning runs them last): no NaN best or last
         value = trainer.callback_metrics.get(self.monitor) if self.monitor else None
-        if value is not None and not torch.isfinite(value).all():  # before the checkpoint callbacks (Lightning
-            raise DivergedError(_diverged(trainer, f"{self.monitor} is {float(value)}"))  # runs them last): no NaN best
+        if value is not None and not torch.isfinite(value).all():
+            raise DivergedError(_diverged(trainer, f"{self.monitor} is {float(value)}"))
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.check(trainer)  # any checkpoint: a crash checkpoint, one saved every n steps
+
+    def check(self, trainer: L.Trainer, show: str | None = None) -> None:
+        """Raise DivergedError when a step since training started was not finite: one read from the
+        device, which also brings the logged metric ``show`` (the training loss) to the progress bar."""
+        if not self._flags:
+            return
+        flags = self._flags
+        shown = trainer.callback_metrics.get(show) if show else None
+        value = flags["first_loss"].new_zeros(()) if shown is None else shown.detach().float().mean()
+        value = torch.where(flags["first_bad"] > 0, torch.nan, value).item()  # the one host read
+        if value == value:
+            if shown is not None:
+                trainer.progress_bar_metrics[show] = value
+            return
+        step = self._start_step + int(flags["first_bad"])
+        what = "the gradient norm is not finite"
+        if bool(flags["loss_bad"]):
+            what = f"train/loss is {float(flags['first_loss'])}"
+        raise DivergedError(_diverged(trainer, what, step))
 
 
-def _diverged(trainer: L.Trainer, what: str) -> str:
+def _diverged(trainer: L.Trainer, what: str, step: int | None = None) -> str:
+    """The one line of a DivergedError: the step (default the current one), what was not finite, whether
+    the weights still are, the checkpoint to go back to, and what to change."""
     from tasks.checkpoints import non_finite
 
     last = next(
@@ -390,7 +481,7 @@ def _diverged(trainer: L.Trainer, what: str) -> str:
     bad = non_finite(trainer.lightning_module.state_dict())
     weights = f"the weights are no longer finite ({bad})" if bad else "stopped before the weights became NaN"
     return (
-        f"training diverged at step {trainer.global_step + 1}: {what}; {weights}; {keep} (checkpoints of "
-        f"non-finite weights are never written). Lower optimizer.lr, raise scheduler.warmup_steps or keep "
-        f"trainer.gradient_clip_val"
+        f"training diverged at step {trainer.global_step + 1 if step is None else step}: {what}; {weights}; "
+        f"{keep} (checkpoints of non-finite weights are never written). Lower optimizer.lr, raise "
+        f"scheduler.warmup_steps or keep trainer.gradient_clip_val"
     )

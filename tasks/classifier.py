@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torchmetrics import Accuracy, F1Score, Metric
 
 import zoo
-from tasks.base import ZooTask, top_count
+from tasks.base import ZooTask, padding_mask, top_count
 from tasks.parallel.pipeline import PipelineBatch
 
 POOLINGS = ("cls", "mean")
@@ -68,7 +68,7 @@ class ClassifierTask(ZooTask):
         }
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
-        hidden = self.model(batch["input_ids"], batch["attention_mask"])  # (B, T, D)
+        hidden = self.model(batch["input_ids"], padding_mask(batch))  # (B, T, D)
         return self.labelled_loss(hidden, batch, stage)
 
     def labelled_loss(self, hidden: Tensor, batch: dict[str, Tensor], stage: str, reduction: str = "mean") -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor
 from torchmetrics import Accuracy, Metric
 
 import zoo
-from tasks.base import ZooTask, top_count
+from tasks.base import ZooTask, padding_mask, top_count
 from tasks.parallel.pipeline import PipelineBatch
 
 
@@ -42,7 +42,7 @@ class MLMTask(ZooTask):
         return {"masked_acc": Accuracy(task="multiclass", num_classes=self.model.config.vocab_size, ignore_index=-100)}
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
-        hidden = self.model(batch["input_ids"], batch["attention_mask"])  # (B, T, D)
+        hidden = self.model(batch["input_ids"], padding_mask(batch))  # (B, T, D)
         return self.masked_loss(hidden, batch["labels"], stage)
 
     def masked_loss(self, hidden: Tensor, labels: Tensor, stage: str, reduction: str = "mean") -> Tensor:

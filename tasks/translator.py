@@ -14,7 +14,7 @@ from torchmetrics import Metric
 from torchmetrics.text import BLEUScore
 
 import zoo
-from tasks.base import ZooTask
+from tasks.base import ZooTask, padding_mask
 from tasks.data.tokenizers import added_around
 from tasks.loggers import sample_block
 from tasks.text_metrics import ChrF
@@ -88,7 +88,7 @@ class TranslatorTask(ZooTask):
         validation only ``decode_batches`` batches, spread over the length-sorted set)."""
         if stage == "train":  # nothing is translated in training
             return self.training_loss(batch)
-        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
+        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], padding_mask(batch))  # (B, T, V)
         loss = self.smoothed_loss(logits, batch["labels"])
         if stage == "val" and batch_idx % self.decode_stride():
             return loss
@@ -102,12 +102,12 @@ class TranslatorTask(ZooTask):
         """The teacher-forced, label-smoothed loss of a training batch: over the whole logits, or
         ``loss_chunk`` target rows at a time."""
         if self.loss_chunk:
-            memory = self.model.encode(batch["input_ids"], batch["attention_mask"])  # (B, S, D)
-            hidden = self.model.decoder_features(batch["decoder_input_ids"], memory, batch["attention_mask"])
+            memory = self.model.encode(batch["input_ids"], padding_mask(batch))  # (B, S, D)
+            hidden = self.model.decoder_features(batch["decoder_input_ids"], memory, padding_mask(batch))
             return zoo.chunked_cross_entropy(
                 hidden, self.model.logits, batch["labels"], chunk=self.loss_chunk, label_smoothing=self.label_smoothing
             )  # hidden: (B, T, D)
-        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
+        logits = self.model(batch["input_ids"], batch["decoder_input_ids"], padding_mask(batch))  # (B, T, V)
         return self.smoothed_loss(logits, batch["labels"])
 
     def smoothed_loss(self, logits: Tensor, labels: Tensor) -> Tensor:

@@ -119,10 +119,11 @@ def _with_padding(mask_mod: MaskMod | None, keep: Tensor) -> MaskMod:
 
 
 def keep_mask(mask: Tensor | None) -> Tensor | None:
-    """A (B, L) padding mask (1 = token) as a bool keep-mask, or None when nothing is padded."""
-    if mask is None:
-        return None
-    mask = mask.bool()
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-        return mask  # no data-dependent branch in a traced graph: the mask path serves both cases
-    return None if bool(mask.all()) else mask
+    """A (B, L) padding mask (1 = token) as a bool keep-mask, or None when none is given.
+
+    It never reads the mask's values: a branch on them would make the host wait for the device at
+    every forward (twice for an encoder-decoder). A caller whose batch pads nothing passes None and
+    gets the kernels' unmasked paths: the collates decide it on the host, where the lengths are
+    (``tasks.base.padding_mask``), and decoding once per call (``zoo.decoding``). An all-ones mask
+    that is passed anyway is applied, with the same result."""
+    return None if mask is None else mask.bool()

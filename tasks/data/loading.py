@@ -185,6 +185,14 @@ class BucketBatchSampler(EpochBatchSampler):
         return sum(-(-min(span, n - start) // self.batch_size) for start in range(0, n, span))
 
 
+def feeding(device_type: str, num_workers: int) -> dict[str, bool]:
+    """The DataLoader options that feed a device: batches in page-locked (pinned) memory where it is a
+    GPU, which Lightning's non-blocking copy (``batch_to_device``) sends while the GPU still computes
+    the step before, and workers that live as long as the loader instead of starting again each epoch
+    (and each validation) where there are any."""
+    return {"pin_memory": device_type == "cuda", "persistent_workers": num_workers > 0}
+
+
 class ResumableLoader(DataLoader):
     """The train loader: batches from an EpochBatchSampler, and a state Lightning keeps in
     checkpoints (``state_dict``: the epoch and how many of its batches were handed out, counted
@@ -206,6 +214,7 @@ class ResumableLoader(DataLoader):
         num_workers: int = 0,
         seed: int = 0,
         draw: Callable[[Any, torch.Generator], Any] | None = None,
+        **feeding: bool,
     ) -> None:
         super().__init__(
             dataset,
@@ -213,6 +222,7 @@ class ResumableLoader(DataLoader):
             collate_fn=collate_fn,
             num_workers=num_workers,
             generator=torch.Generator(),
+            **feeding,
         )
         self.seed, self.draw = seed, draw
         self.epoch, self.batches = batch_sampler.epoch, 0  # the epoch being read; its batches handed out

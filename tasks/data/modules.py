@@ -55,8 +55,15 @@ def pad_batch(seqs: Sequence[Sequence[int]], value: int) -> Tensor:
 def length_mask(seqs: Sequence[Sequence[int]]) -> Tensor:
     """1 on the tokens of each sequence, 0 on the padding ``pad_batch`` adds: (B, T_max). Taken from
     the lengths, not from ``ids != pad``: a tokenizer without a pad token pads with a real token."""
-    lengths = torch.tensor([len(s) for s in seqs])
-    return (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+    lengths = [len(s) for s in seqs]  # Python ints: no tensor read to find the longest
+    return (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+def pads(seqs: Sequence[Sequence[int]]) -> bool:
+    """Whether ``pad_batch`` pads any of ``seqs`` (they differ in length): a batch's ``padded``, decided
+    here on the host, so that the model is given no mask to apply when nothing is padding and never
+    reads a device tensor to find that out (``tasks.base.padding_mask``)."""
+    return len({len(s) for s in seqs}) > 1
 
 
 def encoder_tokenizer(tokenizer: Tokenizer, specials: Specials, seq_len: int) -> Tokenizer:
@@ -178,6 +185,7 @@ class ClassificationDataModule(TextDataModule):
         return {
             "input_ids": pad_batch(seqs, self.specials.pad),
             "attention_mask": length_mask(seqs),
+            "padded": pads(seqs),
             "labels": torch.tensor([label for _, label in batch]),
         }
 
@@ -220,7 +228,7 @@ class MLMDataModule(PreparedDataModule):
         else masks from the global RNG."""
         padded = self.pad(batch)
         generator = torch.Generator().manual_seed(int(padded["input_ids"].sum())) if fixed else None
-        return self.mask(padded["input_ids"], padded["attention_mask"], generator)
+        return {**self.mask(padded["input_ids"], padded["attention_mask"], generator), "padded": padded["padded"]}
 
     def mask(self, input_ids: Tensor, attention_mask: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
         labels = input_ids.clone()
@@ -238,10 +246,11 @@ class MLMDataModule(PreparedDataModule):
         return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}
 
     def pad(self, batch: list[list[int]]) -> dict[str, Tensor]:
-        return {"input_ids": pad_batch(batch, self.specials.pad), "attention_mask": length_mask(batch)}
+        ids, mask = pad_batch(batch, self.specials.pad), length_mask(batch)
+        return {"input_ids": ids, "attention_mask": mask, "padded": pads(batch)}
 
     def draw(self, batch: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        return self.mask(batch["input_ids"], batch["attention_mask"], generator)
+        return {**self.mask(batch["input_ids"], batch["attention_mask"], generator), "padded": batch["padded"]}
 
     def collate_for(self, split: str) -> Callable[[list[Any]], dict[str, Any]]:
         """Training batches are only padded here; ``draw`` masks them (seeded by their place in the run)."""
@@ -277,6 +286,7 @@ class TranslationDataModule(TextDataModule):
         return {
             "input_ids": pad_batch(sources, pad),
             "attention_mask": length_mask(sources),
+            "padded": pads(sources),
             "decoder_input_ids": pad_batch([[start] + t[:-1] for t in targets], pad),
             "labels": pad_batch(targets, IGNORE),
             "references": [ref for _, _, ref in batch],

@@ -34,6 +34,7 @@ from tasks.data.loading import (
     ResumableLoader,
     ShuffledBatchSampler,
     ZooDataset,
+    feeding,
     world_rank,
 )
 from tasks.data.prepared import (
@@ -264,6 +265,7 @@ class TextDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             seed=self.seed,
             draw=self.draw,
+            **self.feeding(),
         )
 
     def _eval_loader(self, split: str) -> DataLoader:
@@ -282,6 +284,7 @@ class TextDataModule(L.LightningDataModule):
                 num_workers=self.num_workers,
                 collate_fn=self.collate_for(split),
                 generator=torch.Generator().manual_seed(self.seed),
+                **self.feeding(),
             )
         batches = BucketBatchSampler(lengths, self.batch_size, shuffle=False, seed=self.seed, world=world, rank=rank)
         return DataLoader(
@@ -290,7 +293,13 @@ class TextDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             collate_fn=self.collate_for(split),
             generator=torch.Generator().manual_seed(self.seed),
+            **self.feeding(),
         )
+
+    def feeding(self) -> dict[str, bool]:
+        """How the loaders hand batches to the trainer's device (``loading.feeding``): pinned for a GPU."""
+        device = self.trainer.strategy.root_device.type if self.trainer is not None else "cpu"
+        return feeding(device, self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
