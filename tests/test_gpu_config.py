@@ -80,9 +80,10 @@ def test_fused_optimizers_clip_under_mixed_precision_as_unfused_ones_do(precisio
     else:
         assert max(g.abs().max() for g in grads) <= CLIP["value"]
     for (name, a), b in zip(fused.named_parameters(), plain.parameters(), strict=True):
-        # atol 1e-5: fp16's unscaling rounds in another order in the fused kernel (5e-6 seen on an AMD EPYC
-        # CPU); a step moves weights by about lr = 1e-2
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+        # atol 1e-4: the fused kernel rounds fp16's unscaling in another order, and Adam divides by the root
+        # of a second moment that is tiny where a gradient is near zero (3.4e-5 apart seen on an AMD EPYC
+        # CPU); each step moves a weight by about lr = 1e-2. The clipping itself is checked on the grads.
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
 
 
 def test_clipping_changes_the_steps_it_is_asked_to():
