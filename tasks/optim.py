@@ -10,6 +10,12 @@ build its optimizer over a task's trainable parameters (:func:`build_optimizer`)
   (:class:`MuonWithAdamW`).
 
 Settings without a ``name`` (the configs and checkpoints of runs from before Muon) are AdamW's.
+
+Under muP (``model.mup_base_d_model``) the model declares its parameters' roles
+(``zoo.ZooModel.mup_groups``) and each optimizer gives a role's parameters a group of their own whose
+learning rate is ``lr * m**power`` (m = d_model / base), the power from the optimizer's update rule
+(:data:`MUP_POWERS`): the learning rate tuned at the base width then carries over. Everything without a
+role (embeddings, the LM head, biases, norms, task heads) keeps ``lr``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,19 @@ ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 OPTIMIZERS: zoo.Registry[type[OptimizerSettings]] = zoo.Registry("optimizer")
 S = TypeVar("S", bound="type[OptimizerSettings]")
 
+
+MUP_POWERS: dict[str, dict[str, float]] = {
+    # Adam's update of a matrix is close to rank one and aligned with its inputs: it moves h = W x by
+    # lr * fan_in per coordinate, so lr / m keeps that fixed (Tensor Programs V, table 3/8)
+    "adamw": {"hidden": -1.0, "readout": -1.0},
+    # Muon's orthogonalised update has spectral norm lr * sqrt(max(1, out/in)) ("original") or
+    # lr * 0.2 * sqrt(max(out, in)) ("match_rms_adamw"); muP's spectral condition asks for
+    # sqrt(out/in) (Yang, Simon & Bernstein 2023, https://arxiv.org/abs/2310.17813): for a hidden
+    # matrix a constant, for a readout (out fixed) m^-1/2. The powers are the ratios.
+    "muon/original": {"hidden": 0.0, "readout": -0.5},
+    "muon/match_rms_adamw": {"hidden": -0.5, "readout": -1.0},
+}
+"""The power of muP's width multiplier m on each role's learning rate, by optimizer update rule."""
 
 SCHEDULE_KEYS = ("warmup_steps", "min_lr_ratio")  # the scheduler's, in the optimizer settings of older checkpoints
 
@@ -133,20 +152,37 @@ class AdamWSettings(OptimizerSettings):
                 f"optimizer.fused={self.fused!r} must be true, false or null (null: fused kernels on GPUs)"
             )
 
-    def adamw(self, params: Iterable[nn.Parameter], embeddings: set[int], lr: float) -> torch.optim.AdamW:
+    def adamw(
+        self,
+        params: Iterable[nn.Parameter],
+        embeddings: set[int],
+        lr: float,
+        mup: Mapping[int, tuple[str, float]] | None = None,
+    ) -> torch.optim.AdamW:
         """AdamW over ``params`` in two groups: the matrices that are not embeddings (``embeddings``:
-        their ids) decay, the rest (biases, norms, embeddings) do not."""
-        decay, no_decay = [], []
+        their ids) decay, the rest (biases, norms, embeddings) do not. ``mup``: id -> (role, lr
+        multiplier) of the parameters muP gives a learning rate of their own, each role a decaying
+        group named ``adamw_mup_<role>`` after those two."""
+        mup = mup or {}
+        decay, no_decay, roles = [], [], {}
         for p in params:
-            (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
+            if id(p) in mup:
+                roles.setdefault(mup[id(p)], []).append(p)
+            else:
+                (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
         groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        for (role, multiplier), chosen in roles.items():
+            name = f"adamw_mup_{role}"
+            groups.append({"params": chosen, "weight_decay": self.weight_decay, "lr": lr * multiplier, "name": name})
+        every = [p for g in groups for p in g["params"]]
         fused = self.fused
         if fused is None:
-            fused = all(p.is_cuda for p in decay + no_decay) and bool(decay + no_decay)
+            fused = all(p.is_cuda for p in every) and bool(every)
         return torch.optim.AdamW(groups, lr=lr, betas=self.betas, eps=self.eps, fused=fused or None)
 
     def build(self, module: nn.Module) -> torch.optim.AdamW:
-        return self.adamw(trainable(module), embedding_weights(module), self.lr)
+        mup = mup_multipliers(module, MUP_POWERS["adamw"])
+        return self.adamw(trainable(module), embedding_weights(module), self.lr, mup)
 
 
 @register("muon")
@@ -190,8 +226,14 @@ class MuonSettings(AdamWSettings):
                 "optimizer=muon found no trainable linear-layer weight in the blocks for Muon (the model is frozen, "
                 "e.g. by adapter=lora, or flattened by FSDP); choose optimizer=adamw"
             )
+        mup = mup_multipliers(module, MUP_POWERS[f"muon/{self.adjust_lr_fn}"])
+        plain = [p for p in hidden if id(p) not in mup]
+        groups = [{"params": plain, "name": "muon"}] if plain else []
+        for role, multiplier in dict.fromkeys(mup[id(p)] for p in hidden if id(p) in mup):
+            chosen = [p for p in hidden if mup.get(id(p)) == (role, multiplier)]
+            groups.append({"params": chosen, "name": f"muon_mup_{role}", "lr": self.lr * multiplier})
         muon = torch.optim.Muon(
-            [{"params": hidden, "name": "muon"}],
+            groups,
             lr=self.lr,
             weight_decay=self.weight_decay,
             momentum=self.momentum,
@@ -201,13 +243,27 @@ class MuonSettings(AdamWSettings):
         )
         taken = {id(p) for p in hidden}
         rest = [p for p in trainable(module) if id(p) not in taken]
-        adamw = self.adamw(rest, embedding_weights(module), self.lr if self.adamw_lr is None else self.adamw_lr)
-        for group, name in zip(adamw.param_groups, ("adamw", "adamw_no_decay"), strict=True):
+        adamw_lr = self.lr if self.adamw_lr is None else self.adamw_lr
+        adamw = self.adamw(rest, embedding_weights(module), adamw_lr, mup_multipliers(module, MUP_POWERS["adamw"]))
+        for group, name in zip(adamw.param_groups, ("adamw", "adamw_no_decay"), strict=False):
             group["name"] = name  # LearningRateMonitor logs lr-MuonWithAdamW/<name>
         return MuonWithAdamW(muon, adamw)
 
 
 # ---- which parameters ----------------------------------------------------------------------------
+def mup_multipliers(module: nn.Module, powers: Mapping[str, float]) -> dict[int, tuple[str, float]]:
+    """id -> (role, m ** powers[role]) for the trainable parameters of each muP model in ``module``
+    (its ``mup_groups``); empty when none is muP."""
+    found: dict[int, tuple[str, float]] = {}
+    for model in (m for m in module.modules() if isinstance(m, zoo.ZooModel)):
+        width = model.mup_width
+        for role, params in model.mup_groups().items():
+            for p in params:
+                if p.requires_grad:
+                    found[id(p)] = (role, width ** powers[role])
+    return found
+
+
 def trainable(module: nn.Module) -> list[nn.Parameter]:
     """The parameters of ``module`` that train (each once, however often it is shared)."""
     return [p for p in module.parameters() if p.requires_grad]

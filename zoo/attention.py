@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -109,13 +110,15 @@ class Attention(Sublayer):
         qk_norm: nn.Module | None = None,
         qk_norm_all: bool = False,
         softcap: float | None = None,
+        width_scale: float = 1.0,
     ) -> None:
         """``qk_norm``: a norm over hd, copied for the keys (None: none), or with ``qk_norm_all`` a
         callable that makes one over a given width, used for the queries' H*hd and the keys' KV*hd;
-        ``softcap``: attn_softcap."""
+        ``softcap``: attn_softcap; ``width_scale``: muP's factor on the score scale (:func:`mup_score_factor`)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.scale = head_dim**-0.5 if scale is None else scale
+        self.width_scale = width_scale
+        self.scale = (head_dim**-0.5 if scale is None else scale) * width_scale
         self.dropout = dropout
         self.softcap = softcap
         self.kv_dtype: str | None = None  # "int8": keys and values rounded as an int8 KV cache stores them
@@ -172,7 +175,26 @@ class Attention(Sublayer):
             qk_norm=_qk_norm(cfg),
             qk_norm_all=cfg.qk_norm_scope == "all",
             softcap=cfg.attn_softcap,
+            width_scale=mup_score_factor(cfg),
         )
+
+    def fold_width_scale(self) -> None:
+        """Move muP's factor on the scores into the queries (export: a runtime that scales scores by
+        1/sqrt(hd) then computes the same ones). A scalar commutes with RoPE; with qk_norm the queries
+        are normalised after the projection, so the factor goes on the query norm's output."""
+        factor, self.width_scale = self.width_scale, 1.0
+        self.scale /= factor
+        if self.q_norm is not None:
+            self.q_norm.scale_output_(factor)
+            return
+        self.query_weight().mul_(factor)
+        bias = self.query_bias()
+        if bias is not None:
+            bias.mul_(factor)
+
+    def query_bias(self) -> Tensor | None:
+        """The query rows of the input projection's bias (a view), or None without a bias."""
+        raise NotImplementedError
 
     def reads_flex_mods(self, device_type: str, *, cached: bool, dense: bool) -> bool:
         """Whether this forward's kernel takes FlexMods (see :func:`flex_applies`) rather than a dense mask."""
@@ -206,6 +228,20 @@ class Attention(Sublayer):
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
+def mup_score_factor(cfg: ModelConfig) -> float:
+    """muP's factor on the attention scores: sqrt(hd_base / hd), so the scale, sqrt(hd_base) / hd, is
+    1/sqrt(hd_base) at the base width and falls as 1/hd beyond it (Yang et al. 2022,
+    https://arxiv.org/abs/2203.03466, sec. 4: q and k become correlated as they train, and q.k grows
+    as hd, not sqrt(hd)). hd_base is this config's
+    head size at d_model = mup_base_d_model: with ``head_dim`` null the head grows with the width
+    (hd = d_model / n_heads) and the factor is sqrt(base / d_model); with ``head_dim`` set, the heads
+    multiply and each stays hd wide, where 1/sqrt(hd) is already width-independent: factor 1. 1
+    without muP."""
+    if cfg.mup_base_d_model is None or cfg.head_dim is not None:
+        return 1.0
+    return math.sqrt(cfg.mup_base_d_model / cfg.d_model)
+
+
 def _qk_norm(cfg: ModelConfig) -> nn.Module | Callable[[int], nn.Module] | None:
     """What ``Attention`` takes as ``qk_norm``: one norm over a head (qk_norm_scope=head) or a maker of
     norms of a given width (all)."""
@@ -227,6 +263,9 @@ class SelfAttention(Attention):
 
     def query_weight(self) -> Tensor:
         return self.qkv.weight[: self.n_heads * self.head_dim]
+
+    def query_bias(self) -> Tensor | None:
+        return None if self.qkv.bias is None else self.qkv.bias[: self.n_heads * self.head_dim]
 
     def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -261,6 +300,9 @@ class CrossAttention(Attention):
 
     def query_weight(self) -> Tensor:
         return self.q.weight
+
+    def query_bias(self) -> Tensor | None:
+        return self.q.bias
 
     def fused_segments(self) -> dict[str, list[tuple[str, int]]]:
         kv = self.n_kv_heads * self.head_dim

@@ -79,6 +79,9 @@ class ModelConfig:
     pooler: bool = False  # encoder: dense+tanh over the first token
     mlm_head: bool = False  # encoder: BERT masked-LM head (transform + tied decoder)
     init_std: float = 0.02
+    # muP (Yang et al. 2022, https://arxiv.org/abs/2203.03466): the d_model whose learning rate and init
+    # carry over to this width (zoo.zoo_model.ZooModel, "muP"); None: the standard parametrization
+    mup_base_d_model: int | None = None
     # ffn=moe (zoo.moe): experts, routing and the router's losses (reported by the task, weighted here)
     n_experts: int = 8
     moe_top_k: int = 2  # experts per token
@@ -249,6 +252,7 @@ class ModelConfig:
             "rope_original_max_len",
             "n_experts",
             "moe_top_k",
+            "mup_base_d_model",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):

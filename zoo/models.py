@@ -31,7 +31,7 @@ from zoo.kv_cache import Cache
 from zoo.norm import build_norm
 from zoo.registry import ARCH, MASK, ConfigError
 from zoo.stack_role import StackRole
-from zoo.zoo_model import PipelineCut, ZooModel
+from zoo.zoo_model import PipelineCut, ZooModel, mup_width
 
 
 @ARCH.register("encoder")
@@ -63,6 +63,16 @@ class EncoderModel(ZooModel):
 
     def stacks(self) -> list[Stack]:
         return [self.encoder]
+
+    def head_matrices(self) -> list[nn.Parameter]:
+        """The pooler's and the MLM transform's (D, D) weights: hidden matrices under muP."""
+        return [m.weight for m in (self.pooler, self.mlm_head and self.mlm_head.dense) if m is not None]
+
+    def fold_logit_multiplier_(self, factor: float) -> None:
+        """The MLM head's norm carries it (its output goes to the tied decoder alone)."""
+        if self.mlm_head is not None:
+            self.mlm_head.norm.scale_output_(factor)
+            self.mlm_head.multiplier = 1.0
 
     def forward(
         self,
@@ -105,10 +115,12 @@ class MLMHead(nn.Module):
         self.approximate = cfg.gelu_approximate
         self.norm = build_norm(cfg)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        width = mup_width(cfg)
+        self.multiplier = 1.0 if width is None else 1.0 / width  # muP: the logits (before the bias) times 1/m
 
     def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
         h = self.norm(F.gelu(self.dense(hidden), approximate=self.approximate))
-        return F.linear(h, embedding, self.bias)
+        return F.linear(h * self.multiplier if self.multiplier != 1.0 else h, embedding, self.bias)
 
 
 @ARCH.register("decoder")

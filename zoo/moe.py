@@ -179,6 +179,13 @@ class MoE(FeedForward):
         shared = [] if self.shared is None else self.shared.value_weights()
         return [self.experts.fc.weight, self.experts.proj.weight, *shared]
 
+    def mup_matrices(self) -> dict[str, list[Tensor]]:
+        """The experts (stacked) and the shared expert are hidden; the router, (E, D) with E fixed as the
+        width grows, is a readout: muP's output-weight rule (Tensor Programs V, table 3) without a
+        multiplier on its logits, so nothing is left to fold at export."""
+        hidden = [p for name, p in self.named_parameters() if p.ndim >= 2 and not name.startswith("router.")]
+        return {"hidden": hidden, "readout": [self.router.weight]}
+
     def inactive_parameters(self) -> int:
         """Parameters one token does not use: those of the E - k experts it is not routed to
         (``zoo.stats`` counts the rest as active)."""

@@ -31,6 +31,16 @@ class Norm(Component, nn.Module):
     def from_config(cls, cfg: ModelConfig, dim: int) -> Norm:
         raise NotImplementedError(f"{cls.__name__} must define from_config(cfg, dim)")
 
+    @torch.no_grad()
+    def scale_output_(self, factor: float) -> None:
+        """Change the parameters so the output is ``factor`` times what it was: how an export folds a
+        multiplier that follows this norm (muP's logit and attention factors) into weights. A norm
+        whose output is not linear in its parameters cannot, and says so (a ConfigError)."""
+        raise ConfigError(
+            f"norm {type(self).__name__} cannot fold a multiplier into its weights (it defines no "
+            "scale_output_); export this model with format=safetensors"
+        )
+
 
 NORM.bind(Norm)
 
@@ -42,6 +52,12 @@ class LayerNorm(Norm, nn.LayerNorm):
     @classmethod
     def from_config(cls, cfg: ModelConfig, dim: int) -> LayerNorm:
         return cls(dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+    @torch.no_grad()
+    def scale_output_(self, factor: float) -> None:
+        self.weight.mul_(factor)
+        if self.bias is not None:
+            self.bias.mul_(factor)
 
 
 @NORM.register("rmsnorm")
@@ -60,6 +76,10 @@ class RMSNorm(Norm):
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
 
+    @torch.no_grad()
+    def scale_output_(self, factor: float) -> None:
+        self.weight.mul_(factor)
+
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x.float(), self.weight.shape, eps=self.eps).type_as(x) * self.weight
 
@@ -76,6 +96,10 @@ class RMSNorm1P(RMSNorm):
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.weight)
+
+    @torch.no_grad()
+    def scale_output_(self, factor: float) -> None:
+        self.weight.copy_((1.0 + self.weight.float()) * factor - 1.0)
 
     def forward(self, x: Tensor) -> Tensor:
         return (F.rms_norm(x.float(), self.weight.shape, eps=self.eps) * (1.0 + self.weight.float())).type_as(x)
@@ -114,6 +138,12 @@ class DyT(Norm):
         nn.init.ones_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
+
+    @torch.no_grad()
+    def scale_output_(self, factor: float) -> None:
+        self.weight.mul_(factor)
+        if self.bias is not None:
+            self.bias.mul_(factor)
 
     def forward(self, x: Tensor) -> Tensor:
         y = torch.tanh(self.alpha * x) * self.weight

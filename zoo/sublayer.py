@@ -47,6 +47,14 @@ class Sublayer(Component, nn.Module):
         """The layers that write into the residual stream (init scales them down with depth)."""
         return []
 
+    def mup_matrices(self) -> dict[str, list[Tensor]]:
+        """Its weight matrices by muP role (zoo.zoo_model.ZooModel.mup_groups): ``hidden``, both
+        dimensions growing with the width (init std and Adam lr times sqrt(base/width) and base/width),
+        or ``readout``, the input dimension growing and the output fixed (an MoE's router: std and lr
+        times base/width). By default every parameter of two or more dimensions is hidden; vectors
+        (biases, norms, value_residual's lambda) have no role: muP leaves them as they are."""
+        return {"hidden": [p for p in self.parameters() if p.ndim >= 2]}
+
     def inactive_parameters(self) -> int:
         """Parameters that one token does not use (an MoE's unchosen experts); ``zoo.stats`` counts
         the rest as active."""

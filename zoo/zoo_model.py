@@ -1,9 +1,41 @@
 """What every architecture form shares (:class:`ZooModel`): its config, its stacks, the weight
 initialisation, the KV cache it makes, the token embeddings and the LM head. The forms themselves, and
-what differs between them, are in zoo/models.py."""
+what differs between them, are in zoo/models.py.
+
+muP (``mup_base_d_model``; Yang et al. 2022, "Tensor Programs V", https://arxiv.org/abs/2203.03466):
+a model of width d_model = m * base is initialised and trained so that every layer's activations move
+by the same amount per step at every width, and the learning rate tuned at the base width carries
+over. zoo follows the paper's table 8 form (a multiplier on the output, the head's weights Adam-trained
+at the base rate), so that a tied head, which is the embedding, needs no rule of its own. At m = 1 a
+muP model is the standard one, weight for weight. Each choice and the rule it follows:
+
+==========================================  ==========================  ===================================
+parameter or quantity                       init                        Adam lr (Muon: tasks/optim.py)
+==========================================  ==========================  ===================================
+token, position and segment embeddings      init_std                    lr (input weights: fan-in fixed)
+hidden matrices: q/k/v/out, cross q/kv,     init_std * m^-1/2 (var ∝    lr / m (hidden: Adam's update is
+FFN fc/proj, GLU gate/up, MoE experts and   1/fan_in), residual         rank-one-like, it moves h by
+shared expert, pooler, MLM dense            outputs also / sqrt(2L)     fan_in * lr)
+MoE router (E x D, E fixed)                 init_std / m (var ∝         lr / m (table 3's output rule, no
+                                            1/fan_in^2)                 multiplier: nothing to export)
+LM head (untied) / tied embedding           init_std                    lr; logits times 1/m (table 8)
+biases, norm gains, DyT alpha,              as without muP              lr (vectors: no width dimension)
+value_residual lambda, qk_norm gains
+attention scores                            scale sqrt(hd_base)/hd when the head grows with the
+                                            width (head_dim null): 1/hd asymptotically (sec. 4); with
+                                            head_dim set the heads multiply and 1/sqrt(hd) stays
+==========================================  ==========================  ===================================
+
+m = d_model / mup_base_d_model; every width (heads x hd, d_ff) is taken to grow with d_model.
+Positions (rope, alibi, t5_relative, sinusoidal, learned) read no width: their rules are the
+embeddings' or none. What the optimizer does with the roles, ``tasks.optim`` says; task heads outside
+the model (a classifier's) are trained at lr. Exports fold the two multipliers (logits, attention
+scores) into weights (:meth:`ZooModel.without_mup`).
+"""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -16,7 +48,7 @@ from zoo.attention import Attention
 from zoo.blocks import Stack
 from zoo.config import ModelConfig
 from zoo.kv_cache import Cache, check_kv_dtype
-from zoo.norm import Placement
+from zoo.norm import Norm, Placement
 from zoo.position import position_limit
 from zoo.registry import ARCH, Component, ConfigError
 from zoo.sublayer import Sublayer
@@ -148,6 +180,7 @@ class ZooModel(Component, nn.Module):
         with std init_std/sqrt(2 * layers) (GPT-2, Radford et al. 2019); with a gain, its value weights
         (``Sublayer.value_weights``) multiplied by it (DeepNorm's beta)."""
         std = self.config.init_std
+        width = mup_width(self.config)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=std)
@@ -160,7 +193,7 @@ class ZooModel(Component, nn.Module):
         n_layers = sum(len(s.blocks) for s in self.stacks())
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
-            attn.query_weight().mul_(attn.head_dim**-0.5 / attn.scale)
+            attn.query_weight().mul_(attn.head_dim**-0.5 * attn.width_scale / attn.scale)
         for sublayer, placement in self.branches():
             if not isinstance(sublayer, Sublayer):  # a user's component need not declare its weights: left as drawn
                 continue
@@ -171,6 +204,69 @@ class ZooModel(Component, nn.Module):
             else:
                 for weight in sublayer.value_weights():
                     weight.mul_(gain)
+        if width is not None:  # muP: var ∝ 1/fan_in for hidden matrices, 1/fan_in^2 for readouts (table 3)
+            for role, power in (("hidden", -0.5), ("readout", -1.0)):
+                for weight in self.mup_groups()[role]:
+                    weight.mul_(width**power)
+
+    def mup_groups(self) -> dict[str, list[nn.Parameter]]:
+        """muP's parameters by role, each once: ``hidden`` (both dimensions grow with the width) and
+        ``readout`` (the input grows, the output is fixed: an MoE router), as each sublayer declares
+        (``Sublayer.mup_matrices``) plus the form's own hidden matrices (``head_matrices``). Parameters
+        in no role (embeddings, the LM head, vectors) keep the base learning rate. Empty without muP.
+        ``tasks.optim.build_optimizer`` gives each role its learning rate."""
+        if self.config.mup_base_d_model is None:
+            return {}
+        groups: dict[str, dict[int, nn.Parameter]] = {"hidden": {}, "readout": {}}
+        for sublayer, _ in self.branches():
+            if isinstance(sublayer, Sublayer):  # a user's plain Module declares none: trained at lr
+                for role, params in sublayer.mup_matrices().items():
+                    groups[role].update((id(p), p) for p in params)
+        groups["hidden"].update((id(p), p) for p in self.head_matrices())
+        return {role: list(params.values()) for role, params in groups.items()}
+
+    @property
+    def mup_width(self) -> float | None:
+        """muP's width multiplier m = d_model / mup_base_d_model; None without muP."""
+        return mup_width(self.config)
+
+    def head_matrices(self) -> list[nn.Parameter]:
+        """The form's hidden matrices outside the blocks (an encoder's pooler and MLM transform); none here."""
+        return []
+
+    def without_mup(self) -> ZooModel:
+        """This model as a standard-parametrization one that computes the same outputs: a copy whose
+        logit multiplier sits in the head (an untied head's weight, or the final norm before a tied
+        one) and whose attention factor sits in the queries, with ``mup_base_d_model`` None. What an
+        export writes (other runtimes know no multipliers); this model itself when it is not muP.
+
+        Raises:
+            ConfigError: a tied head with no norm before it to carry the logit multiplier."""
+        width = self.mup_width
+        if width is None:
+            return self
+        model = copy.deepcopy(self)
+        with torch.no_grad():
+            model.fold_logit_multiplier_(1.0 / width)
+            for attn in (m for m in model.modules() if isinstance(m, Attention)):
+                attn.fold_width_scale()
+        model.config = self.config.replace(mup_base_d_model=None)
+        return model
+
+    def fold_logit_multiplier_(self, factor: float) -> None:
+        """Multiply the logits by ``factor`` through the weights: an untied head's, or the final norm's
+        that feeds a tied head (its output goes to the head alone)."""
+        if self.lm_head is not None:
+            self.lm_head.weight.mul_(factor)
+            return
+        norm = self.stacks()[-1].final_norm
+        if not isinstance(norm, Norm):
+            raise ConfigError(
+                f"this muP model's head is tied to the embedding and norm_placement={self.config.norm_placement} "
+                "has no final norm to carry the logit multiplier; export with format=safetensors, or train with "
+                "tie_embeddings=false"
+            )
+        norm.scale_output_(factor)
 
     def new_cache(self, capacity: int = 256, *, static: bool = False, kv_dtype: str | None = "model") -> Cache:
         """An empty KV cache for this model's decoder, to pass as ``cache=`` to forward/decode; it keeps
@@ -217,10 +313,16 @@ class ZooModel(Component, nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(B, T, D) final hidden states -> (B, T, V) next-token logits."""
-        hidden = hidden * self.config.logit_scale if self.config.logit_scale != 1.0 else hidden
+        scale = self.config.logit_scale / (self.mup_width or 1.0)  # muP: logits times base/width
+        hidden = hidden * scale if scale != 1.0 else hidden
         logits = F.linear(hidden, self.embed.weight) if self.lm_head is None else self.lm_head(hidden)
         cap = self.config.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)  # Gemma 2's final soft-cap
+
+
+def mup_width(cfg: ModelConfig) -> float | None:
+    """muP's width multiplier of ``cfg``: d_model / mup_base_d_model; None without muP."""
+    return None if cfg.mup_base_d_model is None else cfg.d_model / cfg.mup_base_d_model
 
 
 ARCH.bind(ZooModel)

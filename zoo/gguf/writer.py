@@ -86,12 +86,14 @@ def to_gguf(
     unk, sep, cls, mask, eot; other entries are skipped); by default the model's eos and pad ids.
     ``add_bos``: llama.cpp puts bos before a text. ``chat_template``: a Jinja chat template, stored as text.
     ``check(tmp)`` runs on the finished file before it takes its name (raise to leave nothing behind).
+    A muP model is written as the standard model that computes the same logits (``ZooModel.without_mup``).
 
     Raises:
         ConfigError: for a model no llama.cpp architecture computes (:func:`gguf_exportable`), a
             tokenizer llama.cpp cannot reproduce, an unknown dtype: before anything is written.
         FileExistsError: ``path`` exists (nothing is overwritten).
     """
+    model = model.without_mup()  # muP's multipliers folded into weights: llama.cpp knows none
     arch = ARCHS.get(gguf_exportable(model))
     cfg = model.config
     if dtype not in FILE_TYPES:

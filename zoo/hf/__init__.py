@@ -252,7 +252,8 @@ def to_hf(
     files, a model card). ``classifier``: a linear head over BERT's pooled output, written as
     ``BertForSequenceClassification`` with ``label_names``. The folder appears whole or not at all;
     an existing non-empty ``folder`` is refused. ``check(tmp)`` runs on the finished folder before it
-    takes its name (raise to leave nothing behind). Returns the transformers class written.
+    takes its name (raise to leave nothing behind). Returns the transformers class written. A muP model
+    is written as the standard model that computes the same logits (``ZooModel.without_mup``).
     A failed write (a full disk) is an OSError naming the file of ``folder`` it was writing.
 
     Raises:
@@ -261,6 +262,7 @@ def to_hf(
     """
     from safetensors.torch import save_file
 
+    model = model.without_mup()  # muP's multipliers folded into weights: transformers knows none
     cfg = model.config
     name, family, written = _hf_class(cfg, classifier is not None)
     _check_files(files or {})
