@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -18,6 +19,7 @@ import zoo
 from tasks.errors import DivergedError, EndedOnPurpose
 from tasks.loggers import CSVLogger
 from tasks.parallel.layers import cut_parameters, whole_parameter_count
+from tasks.resume import ResumeState, at_boundary, crashing, unfinished_batches, validates_by_interval
 from zoo.stats import peak_flops
 
 
@@ -36,7 +38,8 @@ class Throughput(L.Callback):
             precision, in zoo's table of dense peaks (``zoo.stats.peak_flops``: H100 and H200, which
             Lightning lacks or lists with their 2:4-sparse figures), then in Lightning's
             (CPUs are in neither: set it to get an MFU there).
-        window: optimizer steps averaged per logged value.
+        window: optimizer steps averaged per logged value, logged at the steps it divides (a resumed run's
+            first value averages the steps since it started).
     """
 
     def __init__(self, peak_flops: float | None = None, window: int = 10) -> None:
@@ -44,9 +47,10 @@ class Throughput(L.Callback):
         self._flops_per_token: dict[int, int] = {}
         self._tokens = self._flop_total = 0
         self._start: float | None = None
-        self._steps = 0
+        self._step: int | None = None  # the optimizer steps taken at the previous batch's end
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step = trainer.global_step
         device = trainer.strategy.root_device
         if self.peak_flops is None and device.type == "cuda":
             from lightning.fabric.utilities.throughput import get_available_flops
@@ -74,18 +78,25 @@ class Throughput(L.Callback):
         if self._start is None:
             self._sync(trainer)
             self._start = time.perf_counter()
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
         ids = batch["input_ids"]
         flops_per_token = self._flops(pl_module, ids.shape[1])
         tokens = ids.numel() + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
         self._tokens += tokens
         self._flop_total += ids.numel() * flops_per_token
-        self._steps += 1
-        if self._steps < self.window:
-            return
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_done(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        with contextlib.suppress(OSError):  # a step the crash checkpoint counts as done (its update was) is
+            self._step_done(trainer)  # logged as one; a failed write is not the error to report
+
+    def _step_done(self, trainer: L.Trainer) -> None:
+        stepped, self._step = trainer.global_step != self._step, trainer.global_step
+        if not stepped or trainer.global_step % self.window:  # on the window's steps: a resumed run logs
+            return  # where one that never stopped does (its first window is shorter)
         self._sync(trainer)
         seconds = time.perf_counter() - self._start
         replicas = self._replicas(trainer)
@@ -93,7 +104,7 @@ class Throughput(L.Callback):
         if self.peak_flops:  # the FLOPs of all replicas over the peak of all devices
             metrics["perf/mfu"] = self._flop_total * replicas / trainer.world_size / seconds / self.peak_flops
         self._log(trainer, metrics)
-        self._tokens, self._flop_total, self._steps, self._start = 0, 0, 0, time.perf_counter()
+        self._tokens, self._flop_total, self._start = 0, 0, time.perf_counter()
 
     @staticmethod
     def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
@@ -257,20 +268,20 @@ class CrashCheckpoint(L.Callback):
         self.path = os.path.join(os.fspath(dirpath), f"{filename}.ckpt")
         self.start_step: int | None = None
         self.saved: str | None = None
-        self._saving = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start_step = trainer.global_step  # after a resume: the step it resumed at
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Keep the metrics rows a failed write left unwritten (tasks.loggers.CSVLogger) in the checkpoint,
-        so that the resumed run writes them: every step's row once, none lost. The crash checkpoint of a
-        step that ended (after its update, in its logging or validation) counts it (``count_the_step``)."""
+        so that the resumed run writes them: every step's row once, none lost."""
         rows = [row for logger in trainer.loggers if isinstance(logger, CSVLogger) for row in logger.unwritten_rows()]
         if rows:
             checkpoint[UNWRITTEN_ROWS] = rows
-        if self._saving and "loops" in checkpoint and not (trainer.validating or trainer.sanity_checking):
-            count_the_step(checkpoint["loops"]["fit_loop"], trainer.global_step)  # a validation's restart counts it
+        tracked = any(isinstance(c, ResumeState) for c in trainer.callbacks)  # it knows where the step is
+        if crashing(trainer) and "loops" in checkpoint and not tracked:  # a batch under way is not kept; a
+            done = trainer.global_step - 1 if trainer.validating else trainer.global_step  # validation is rerun
+            at_boundary(checkpoint["loops"]["fit_loop"], trainer, unfinished_batches(trainer), done)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         rows = checkpoint.get(UNWRITTEN_ROWS)
@@ -284,33 +295,16 @@ class CrashCheckpoint(L.Callback):
             return  # an end on purpose (a pruned trial), or weights not worth resuming (diverged)
         if self.start_step is None or trainer.global_step <= self.start_step:
             return  # not a single step of this run: what it started from is still there
-        self._saving = True
         try:
+            for callback in trainer.callbacks:  # the checkpoint of a step whose update is done is of the state after it
+                if isinstance(callback, ResumeState):
+                    callback.end_the_update(trainer)
             trainer.save_checkpoint(self.path, weights_only=False)
         except Exception as error:  # a full disk, say: the error that stopped training is the one to report
             reason = " ".join(str(error).split())[:200]
             print(f"note: {self.path} could not be saved ({type(error).__name__}: {reason})")
             return
-        finally:
-            self._saving = False
         self.saved = self.path
-
-
-def count_the_step(fit_loop: dict[str, Any], global_step: int) -> None:
-    """A crash after a step's update but before Lightning has ended that step (its metrics rows, its
-    validation): Lightning takes a saved batch that is complete for one whose step has ended, and would
-    resume logging the next step under this one's number and skip its validation. The checkpoint is
-    written as Lightning writes one at the end of the batch (``on_train_batch_end``), which it resumes
-    right: the batch processed, not yet completed."""
-    counted = fit_loop.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", global_step)
-    progress = fit_loop.get("epoch_loop.batch_progress", {})
-    if counted >= global_step or not all(
-        counts.get("completed") == counts.get("processed") > 0
-        for counts in (progress.get("total", {}), progress.get("current", {}))
-    ):
-        return
-    for counts in (progress["total"], progress["current"]):
-        counts["completed"] -= 1
 
 
 class ValidateAtTheEnd(L.Callback):
@@ -335,17 +329,6 @@ class ValidateAtTheEnd(L.Callback):
         state = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
         if stopping and "_batches_that_stepped" in state and not validates_by_interval(trainer):
             state["_batches_that_stepped"] = max(state["_batches_that_stepped"], trainer.global_step)
-
-
-def validates_by_interval(trainer: L.Trainer) -> bool:
-    """Whether Lightning would validate after the current batch if no stop were asked: its own rule, the one
-    a restart from a checkpoint saved there applies."""
-    loop, asked = trainer.fit_loop.epoch_loop, trainer.should_stop
-    trainer.should_stop = False
-    try:
-        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-    finally:
-        trainer.should_stop = asked
 
 
 class StopOnNonFinite(L.Callback):

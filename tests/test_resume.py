@@ -9,6 +9,7 @@ import json
 import random
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -175,7 +176,14 @@ def test_resume_state_restores_every_global_rng_through_a_weights_only_checkpoin
     L.seed_everything(6)
     restorer = ResumeState()
     restorer.load_state_dict(loaded)
-    trainer = type("Trainer", (), {"global_rank": 0, "world_size": 1})()
+    progress = SimpleNamespace(total=SimpleNamespace(processed=0))
+    trainer = SimpleNamespace(
+        global_rank=0,
+        world_size=1,
+        global_step=0,
+        optimizers=[],
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+    )
     restorer.on_train_start(trainer, None)
     assert (random.random(), float(np.random.rand())) == expected[:2]
     assert torch.equal(torch.rand(3), expected[2])

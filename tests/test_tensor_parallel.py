@@ -140,13 +140,18 @@ def test_throughput_counts_each_replicas_tokens_once_and_mfu_over_every_device(m
     strategy = TensorParallelStrategy(tensor_parallel_size=2)
     strategy.parallel_devices = [torch.device("cpu")] * 4
     strategy._device_mesh = {"data_parallel": SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 0)}
-    trainer = SimpleNamespace(world_size=4, strategy=strategy)
     logged = []
-    task = SimpleNamespace(model=zoo.create_model("gpt-tiny"), log_dict=lambda metrics, **_: logged.append(metrics))
+    logger = SimpleNamespace(log_metrics=lambda metrics, **_: logged.append(metrics))
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0))
+    trainer = SimpleNamespace(
+        world_size=4, strategy=strategy, global_step=0, callback_metrics={}, loggers=[logger], fit_loop=loop
+    )
+    task = SimpleNamespace(model=zoo.create_model("gpt-tiny"))
     monkeypatch.setattr(callbacks, "time", SimpleNamespace(perf_counter=iter([0.0, 4.0, 4.0]).__next__))
     throughput, batch = Throughput(peak_flops=1e9, window=2), {"input_ids": torch.zeros(2, 16, dtype=torch.long)}
-    throughput.on_train_batch_start(trainer, task, batch, 0)
-    for i in range(2):
+    for i in range(2):  # two optimizer steps: the window's value is logged at the second
+        throughput.on_train_batch_start(trainer, task, batch, i)
+        trainer.global_step = i + 1
         throughput.on_train_batch_end(trainer, task, None, batch, i)
     flops = zoo.stats(task.model, seq_len=16).flops_per_token_train
     assert logged == [{"perf/tokens_per_s": 64 * 2 / 4, "perf/mfu": pytest.approx(64 * flops * 2 / 4 / 4 / 1e9)}]
