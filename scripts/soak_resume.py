@@ -69,11 +69,13 @@ def zoo_train(*args: str, cwd: Path) -> subprocess.Popen:
     )
 
 
-def lines(path: Path) -> int:
+def written(path: Path) -> tuple[int, int]:
+    """When ``path`` was last written, and its size ((0, 0) while there is none)."""
     try:
-        return sum(1 for _ in path.open())
+        info = path.stat()
     except OSError:
-        return 0
+        return 0, 0
+    return info.st_mtime_ns, info.st_size
 
 
 def main() -> int:
@@ -113,9 +115,9 @@ def main() -> int:
                     print(f"the last attempt failed (rc {process.returncode}):\n{err[-3000:]}")
                     return 1
                 break
-            metrics, before = run_dir / "logs" / "metrics.csv", lines(run_dir / "logs" / "metrics.csv")
-            while process.poll() is None and lines(metrics) <= before:
-                time.sleep(0.02)  # the attempt has logged a row: training is under way
+            metrics, before = run_dir / "logs" / "metrics.csv", written(run_dir / "logs" / "metrics.csv")
+            while process.poll() is None and written(metrics) == before:
+                time.sleep(0.02)  # the attempt has written the metrics file (a resume, its first rows): training
             time.sleep(rng.uniform(0, args.max_delay))
             name = rng.choice(list(SIGNALS))
             if process.poll() is None:

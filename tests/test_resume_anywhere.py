@@ -140,7 +140,7 @@ def test_the_translator_packing_accumulation_and_lora_resume_exactly(references,
     assert got == want, differences(got, want)
 
 
-KILLS = [("backward", 6), ("checkpoint", 4)]
+KILLS = [("backward", 6), ("checkpoint", 8)]  # inside the second validation's save: the first one's last.ckpt is left
 
 
 @pytest.mark.slow
