@@ -33,6 +33,15 @@ def loggers():
     root, package, pytorch = (logging.getLogger(name) for name in ("", "lightning", "lightning.pytorch"))
     kept = root.handlers[:], package.handlers[:], root.level, pytorch.handlers[:], pytorch.propagate
     pytorch.handlers, pytorch.propagate = [], True
+    # as a fresh process has them: a verb run earlier in this process may have disabled, raised or
+    # filtered them (Hydra's disabled job logging, zoo's quiet_libraries)
+    chain = [logging.getLogger(n) for n in ("lightning", "lightning.pytorch", "lightning.pytorch.utilities")]
+    chain.append(logging.getLogger("lightning.pytorch.utilities.rank_zero"))
+    states = [(lg.disabled, lg.level, lg.filters[:]) for lg in chain], logging.root.manager.disable
+    for lg in chain:
+        lg.disabled, lg.filters = False, []
+        lg.setLevel(logging.NOTSET)
+    logging.disable(logging.NOTSET)
     root_out, package_out = io.StringIO(), io.StringIO()
     package.handlers = [logging.StreamHandler(package_out)]
     package.handlers[0].setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
@@ -41,6 +50,10 @@ def loggers():
     yield root_out, package_out
     root.handlers, package.handlers, pytorch.handlers, pytorch.propagate = kept[0], kept[1], kept[3], kept[4]
     root.setLevel(kept[2])
+    for lg, (disabled, level, filters) in zip(chain, states[0], strict=True):
+        lg.disabled, lg.filters = disabled, filters
+        lg.setLevel(level)
+    logging.disable(states[1])
 
 
 def test_a_lightning_line_reaches_one_handler(loggers):
