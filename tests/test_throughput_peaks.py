@@ -50,7 +50,9 @@ def test_the_callback_reads_the_table_for_the_trainers_precision(monkeypatch, pr
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # TF32 allowed: a float32 run's matmuls use tensor cores
     try:
-        trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), precision=precision)
+        trainer = SimpleNamespace(
+            strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), precision=precision, global_step=0
+        )
         callback = Throughput()
         callback.on_train_start(trainer, None)
     finally:
@@ -60,10 +62,12 @@ def test_the_callback_reads_the_table_for_the_trainers_precision(monkeypatch, pr
 
 
 def test_a_given_peak_is_kept_and_a_cpu_gets_none():
-    cpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), precision="32-true")
+    cpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), precision="32-true", global_step=0)
     callback = Throughput()
     callback.on_train_start(cpu, None)
     assert callback.peak_flops is None
     given = Throughput(peak_flops=1e12)
-    given.on_train_start(SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0))), None)
+    given.on_train_start(
+        SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), global_step=0), None
+    )
     assert given.peak_flops == 1e12
