@@ -19,7 +19,7 @@ import zoo
 from tasks.errors import DivergedError, EndedOnPurpose
 from tasks.loggers import CSVLogger
 from tasks.parallel.layers import cut_parameters, whole_parameter_count
-from tasks.resume import ResumeState, at_boundary, crashing, unfinished_batches, validates_by_interval
+from tasks.resume import ResumeState, at_boundary, crashing, unfinished_batches, validates_by_interval, validation_again
 from zoo.stats import peak_flops
 
 
@@ -285,10 +285,10 @@ class CrashCheckpoint(L.Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         rows = checkpoint.get(UNWRITTEN_ROWS)
-        if rows:
+        if rows:  # but for those the resumed run logs again (of the step a crash checkpoint is before)
             for logger in trainer.loggers:
                 if isinstance(logger, CSVLogger):
-                    logger.write_back(rows)
+                    logger.write_back(rows, checkpoint["global_step"], validation_again(checkpoint))
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, EndedOnPurpose) or trainer.world_size != 1:

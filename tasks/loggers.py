@@ -78,7 +78,8 @@ def _append(path: Path, text: str) -> None:
 class CSVLogger(LightningCSVLogger):
     """``<save_dir>/<name>/<version>/metrics.csv`` that a resumed run appends to. Call
     ``resume_at(step)`` before training continues from a checkpoint of that step: rows the
-    interrupted attempt logged after that step are dropped, as the resumed run logs them again.
+    interrupted attempt logged after that step are dropped, as the resumed run logs them again
+    (``write_back`` leaves out such rows a crash checkpoint kept unwritten).
 
     Its ``step`` column counts optimizer steps taken, as the console (``[step N]``), the checkpoint
     names (``step_000600.ckpt``) and the closing table do: the row of the 600th step, and of the
@@ -115,9 +116,13 @@ class CSVLogger(LightningCSVLogger):
         return [dict(row) for row in self.experiment.metrics] if self._experiment is not None else []
 
     @rank_zero_only
-    def write_back(self, rows: list[dict[str, Any]]) -> int:
+    def write_back(self, rows: list[dict[str, Any]], step: int | None = None, validation_again: bool = False) -> int:
         """Write the rows a crash checkpoint kept unwritten (``unwritten_rows``), but for any the file
-        has already (a later attempt wrote it); returns how many were written."""
+        has already (a later attempt wrote it) and, given the checkpoint's global ``step``, any the run
+        resumed from it logs again (``logged_again``: a row of the step the checkpoint was taken back
+        before); returns how many were written."""
+        if step is not None:
+            rows = [row for row in rows if not logged_again(row, step, validation_again)]
         path = Path(self.experiment.metrics_file_path)
         fields, written = _read_rows(path) if path.is_file() else ([], [])
         fields = sorted(set(fields).union(*rows)) if rows else fields
@@ -127,18 +132,17 @@ class CSVLogger(LightningCSVLogger):
         self.experiment.save()
         return len(missing)
 
-    def resume_at(self, step: int) -> int:
-        """Drop the rows after ``step``, which the resumed run logs again; returns how many were dropped.
-        A checkpoint of global step k holds k optimizer steps, and the rows of steps 1 to k (the
-        validation after step k included) came before it. The test of a run that finished is kept,
-        whatever its step: the resumed run tests again only at its own end."""
+    def resume_at(self, step: int, validation_again: bool = False) -> int:
+        """Drop the rows that a run resumed from a checkpoint of global step ``step`` logs again
+        (``logged_again``); returns how many were dropped. ``validation_again``: the resumed run starts
+        with the validation after ``step`` (one the interrupt stopped, ``tasks.resume.validation_again``)."""
         path = Path(self.experiment.metrics_file_path)
         if not path.is_file():
             return 0
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
             fields, rows = list(reader.fieldnames or []), list(reader)
-        kept = [r for r in rows if not r.get("step") or int(float(r["step"])) <= step or _a_test(r)]
+        kept = [r for r in rows if not logged_again(r, step, validation_again)]
         if len(kept) < len(rows):
             text = io.StringIO(newline="")
             writer = csv.DictWriter(text, fieldnames=fields)
@@ -146,6 +150,18 @@ class CSVLogger(LightningCSVLogger):
             writer.writerows(kept)
             atomic_write_text(path, text.getvalue())
         return len(rows) - len(kept)
+
+
+def logged_again(row: dict[str, Any], step: int, validation_again: bool) -> bool:
+    """Whether a run resumed from a checkpoint of global step ``step`` logs ``row`` (as written, or as logged
+    and left unwritten) again. A checkpoint of global step k holds k optimizer steps: the rows of steps 1 to
+    k came before it, the validation after step k included unless the resumed run runs that validation
+    again (``validation_again``). The test of a run that finished is kept, whatever its step: the resumed
+    run tests again only at its own end."""
+    if row.get("step") in (None, "") or _a_test(row):
+        return False
+    at = int(float(row["step"]))
+    return at > step or (at == step and validation_again and _of_stage(row, "val/"))
 
 
 def zoo_step(metrics: dict[str, Any], step: int | None) -> int | None:
@@ -160,8 +176,14 @@ def zoo_step(metrics: dict[str, Any], step: int | None) -> int | None:
 
 def _a_test(row: dict[str, Any]) -> bool:
     """Whether ``row`` holds test metrics only (every zoo task logs them as ``test/<metric>``)."""
+    return _of_stage(row, "test/")
+
+
+def _of_stage(row: dict[str, Any], prefix: str) -> bool:
+    """Whether ``row`` holds metrics of one stage only (every zoo task logs them as ``val/<metric>``,
+    ``test/<metric>``)."""
     given = [k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")]
-    return bool(given) and all(k.startswith("test/") for k in given)
+    return bool(given) and all(k.startswith(prefix) for k in given)
 
 
 def _as_text(row: dict[str, Any], fields: list[str]) -> dict[str, str]:

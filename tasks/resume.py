@@ -276,6 +276,18 @@ def at_boundary(fit_loop: dict[str, Any], trainer: L.Trainer, unread: int, valid
         val["is_last_batch"] = False
 
 
+def validation_again(checkpoint: dict[str, Any]) -> bool:
+    """Whether a run resumed from ``checkpoint`` starts with the validation after its step, run again whole:
+    the validation progress ``at_boundary`` writes for a validation an interrupt stopped (Lightning's
+    "restarted mid-evaluation": one batch started, none processed)."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    total = fit_loop.get("epoch_loop.val_loop.batch_progress", {}).get("total")
+    if not total:
+        return False
+    started = total["started"]
+    return total["ready"] == started and total["processed"] == started - 1 == total["completed"]
+
+
 def _zero_current(progress: dict[str, Any]) -> None:
     """The ``current`` counts (this epoch's) of a saved progress, nested or not, set to 0."""
     for key, value in progress.items():

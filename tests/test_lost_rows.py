@@ -222,21 +222,18 @@ def _train_rows(run_dir: Path) -> list[tuple[str, ...]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "write",
-    [
-        pytest.param(
-            5,
-            marks=pytest.mark.xfail(
-                reason="open bug (cause not yet found; it came with this session's trainer=gpu and resume changes): "
-                "a metrics write that fails at an epoch's end resumes without that step's train/loss row",
-                strict=True,
-            ),
-        ),
-        7,
-    ],
-    ids=["at-an-epochs-end", "mid-epoch"],
-)
-def test_zoo_train_resumed_after_a_failed_metrics_write_logs_every_step_once(write, tmp_path, monkeypatch):
+    "write,row,crashed_at",  # the append that fails (a row with a new column rewrites the file, uncounted), its
+    [(5, (4, "lr-"), 3), (7, (4, "train/loss"), 4), (8, (5, "lr-"), 4), (13, (6, "val/loss"), 6)],  # row, the
+    ids=["before-the-update-epochs-last-step", "after-the-update", "before-the-update-epochs-first-step", "validation"],
+)  # crash checkpoint's step
+def test_zoo_train_resumed_after_a_failed_metrics_write_logs_every_step_once(
+    write, row, crashed_at, tmp_path, monkeypatch
+):
+    """Epochs of 4 steps, validations after steps 3, 6, 9 and 10. The 5th and 8th appends are the learning
+    rates of steps 4 and 5, logged as their batch starts: the crash checkpoint is of the state before that
+    step, whose resumed run logs that row again (it is not written back). The 7th is step 4's training loss,
+    after its update: the checkpoint is after step 4 and the row is written back. The 13th is the validation
+    after step 6, which the resumed run runs again whole (its row once, from the rerun)."""
     from test_resume import RESUMABLE
     from test_tasks import compose_train
 
@@ -255,5 +252,8 @@ def test_zoo_train_resumed_after_a_failed_metrics_write_logs_every_step_once(wri
             train(compose_train("gpt_generator", broken, *run, tokenizer))
     assert one_line(error.value) is not None
     crash = broken / "checkpoints" / "on_exception.ckpt"
+    kept = torch.load(crash, weights_only=True)
+    assert kept["global_step"] == crashed_at
+    assert [(r["step"], any(k.startswith(row[1]) for k in r)) for r in kept[UNWRITTEN_ROWS]] == [(row[0], True)]
     train(compose_train("gpt_generator", broken, *run, tokenizer, f"ckpt_path={crash}"))
     assert _train_rows(broken) == whole

@@ -37,6 +37,7 @@ from tasks.cli.resuming import resumed_config
 from tasks.errors import EndedOnPurpose, RunFailed
 from tasks.loggers import CSVLogger
 from tasks.optim import check_same_optimizer, optimizer_name
+from tasks.resume import validation_again
 from tasks.run_dirs import claim_run_dir, release_runs
 from tasks.strategy import strategy_of
 
@@ -158,7 +159,7 @@ def claim_and_write(plan: RunPlan, datamodule: Any, task: Any, loggers: list[Any
     if plan.resume:
         for logger in loggers:  # one metrics file per run: rows the interrupted attempt logged from the
             if isinstance(logger, CSVLogger):  # checkpoint's step on are logged again
-                logger.resume_at(plan.resume["global_step"])
+                logger.resume_at(plan.resume["global_step"], validation_again(plan.resume))
 
 
 def fit(trainer: L.Trainer, task: Any, datamodule: Any, plan: RunPlan) -> None:
