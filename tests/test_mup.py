@@ -227,3 +227,37 @@ def test_the_coordinate_check_is_flat_under_mup_and_grows_under_the_standard_par
     for activation in ("logits", "block0", "block1"):
         assert 1 / 2.5 < growth(found["mup"], activation) < 2.5, (activation, found)
         assert growth(found["standard"], activation) > 2.5, (activation, found)
+
+
+# ---- a search on the narrow model ----------------------------------------------------------------
+def test_the_mup_search_runs_on_the_narrow_model_at_its_base_and_searches_only_what_carries_to_the_wide():
+    """hparams_search=gpt_generator_mup_optuna: the trials are muP models at their base width (the
+    standard gpt-tiny of width 64), the search leaves the width, depth and head size alone, and the
+    values it samples compose onto the wide model the guide trains with them."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.zoo_optuna_sweeper._space import SearchSpace
+    from tasks.cli.schemas import conf_dir, model_config, register_configs
+
+    register_configs()
+    search = ["experiment=gpt_generator", "hparams_search=gpt_generator_mup_optuna"]
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose("train", overrides=search, return_hydra_config=True)
+        narrow = model_config(cfg.model).validate()
+        assert narrow.mup_base_d_model == narrow.d_model == 64 and narrow.resolved_head_dim == 16
+        assert cfg.hydra.sweeper._target_.endswith("ZooOptunaSweeper")
+        space = SearchSpace.parse(cfg.hydra.sweeper.params, [])
+        assert space.params["optimizer.lr"].distribution.log
+        shape = {"model.d_model", "model.n_heads", "model.head_dim", "model.n_layers", "model.mup_base_d_model"}
+        assert not shape & set(space.params) and len(space.params) >= 2
+        values = {"optimizer.lr": 4e-3, "model.init_std": 0.03, "scheduler.warmup_steps": 25}
+        wide_at = ["model.d_model=512", "model.n_heads=32", "model.head_dim=16", "model.mup_base_d_model=64"]
+        wide_cfg = compose("train", overrides=["experiment=gpt_generator", *wide_at, *space.overrides(values)])
+    wide = model_config(wide_cfg.model).validate()
+    assert (wide.d_model, wide.mup_base_d_model, wide.init_std) == (512, 64, 0.03)
+    assert (wide_cfg.optimizer.lr, wide_cfg.scheduler.warmup_steps) == (4e-3, 25)
+    model = zoo.build_model(wide.replace(vocab_size=256), seed=0)
+    optimizer = build_optimizer(model, OmegaConf.to_container(wide_cfg.optimizer))
+    lrs = {g.get("name"): g["lr"] for g in optimizer.param_groups}
+    assert lrs["adamw_mup_hidden"] == pytest.approx(4e-3 * 64 / 512)  # the found rate, scaled for width 512

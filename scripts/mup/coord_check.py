@@ -16,7 +16,6 @@ user of the library or zoo-train gets.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -24,12 +23,10 @@ import torch
 import torch.nn.functional as F
 
 import zoo
+from scripts.mup.common import BASE, HEAD_DIM, OUT, panels, save, write_json
 from tasks.optim import build_optimizer
 
 WIDTHS = (64, 128, 256, 512)
-BASE = 64
-HEAD_DIM = 16
-OUT = Path(__file__).resolve().parents[2] / "docs" / "mup"
 
 
 def model_config(width: int, *, mup: bool, vocab: int = 256, n_layers: int = 2) -> zoo.ModelConfig:
@@ -107,25 +104,24 @@ def growth(by_width: dict[int, dict[str, float]], name: str) -> float:
 
 
 def figure(found: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    _, fig, axes = panels()
     names = list(next(iter(found["mup"].values())))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, (title, key) in zip(axes, (("standard parametrization", "standard"), ("muP", "mup")), strict=True):
+    for key, ax in axes.items():
         widths = sorted(found[key])
         for name in names:
             ax.plot(widths, [found[key][w][name] for w in widths], marker="o", label=name)
-        ax.set(xscale="log", yscale="log", xlabel="width (d_model)", title=title)
+        ax.set(xscale="log", yscale="log", xlabel="width (d_model)")
         ax.set_xticks(widths, [str(w) for w in widths])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    axes[0].set_ylabel("mean |Δ activation| after 5 AdamW steps")
-    axes[1].legend()
-    fig.suptitle("Coordinate check: zoo decoder, 2 layers, head size 16, lr 1e-2 (python -m scripts.mup.coord_check)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(
+        fig,
+        axes,
+        ylabel="mean |Δ activation| after 5 AdamW steps",
+        title="Coordinate check: zoo decoder, 2 layers, head size 16, lr 1e-2 (python -m scripts.mup.coord_check)",
+        path=path,
+    )
 
 
 def main() -> None:
@@ -136,7 +132,6 @@ def main() -> None:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.perf_counter()
     found = check(seeds=tuple(range(args.seeds)))
-    args.out.mkdir(parents=True, exist_ok=True)
     record = {
         "command": "python -m scripts.mup.coord_check",
         "date": time.strftime("%Y-%m-%d"),
@@ -156,7 +151,7 @@ def main() -> None:
         "growth_512_over_64": {k: {n: growth(found[k], n) for n in found[k][WIDTHS[0]]} for k in found},
         "seconds": round(time.perf_counter() - start, 1),
     }
-    (args.out / "coord_check.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(args.out / "coord_check.json", record)
     figure(found, args.out / "coord_check.png")
     for key, ratios in record["growth_512_over_64"].items():
         print(key, {n: round(r, 2) for n, r in ratios.items()})

@@ -5,7 +5,7 @@ https://arxiv.org/abs/2203.03466, figure 1): does the best learning rate stay pu
 and is the wider model better at it?
 
     python -m scripts.mup.transfer                  # docs/mup/transfer.png and transfer.json
-    python -m scripts.mup.transfer --widths 64 128 256 512 --steps 200   # a larger grid
+    python -m scripts.mup.transfer --widths 64 128 256 512 --steps 200 --seeds 2
 
 Each run is what zoo-train builds for ``experiment=gpt_generator``: its composed config, its data
 module (instantiated once, the same batches for every run), its ``GeneratorTask`` and the optimizer
@@ -14,6 +14,16 @@ zoo-train's gradient clipping at 1.0; only Lightning's Trainer is left out (its 
 than a small run). The runs are shrunk to fit two CPU cores (``SHRINK``): a slice of the corpus,
 sequences of 64 tokens, batches of 8, ``--steps`` steps with a tenth of warm-up, the loss on 16
 validation batches at the end. Heads are 16 wide at every width (their number grows).
+
+The grid is in half-decades (1e-3, 3e-3, 1e-2, ...). Where a width's best rate is at an edge of the
+grid, the grid is extended there (``--extend`` times at most), so that each best rate found is a
+minimum rather than a boundary. Rates whose loss is within ``--gap`` of the width's best are rerun
+with ``--seeds`` initialisations (the data order is the same), and the mean decides. At width 64,
+muP's base, the muP model is the standard one (tests/test_mup.py), so those runs are shared.
+With ``--follow-from W``, the widths from W on start from three rates only, the best rate of the
+width before and its two neighbours (extended at the edges as above): a cheaper search that still
+brackets each best rate. Every finished run is written to transfer.json at once; ``--resume`` keeps
+the runs of an earlier, interrupted study with the same setup.
 """
 
 from __future__ import annotations
@@ -29,16 +39,15 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from scripts.mup.common import BASE, HEAD_DIM, OUT, panels, save, write_json
 from tasks import GeneratorTask
 from tasks.cli.schemas import conf_dir, model_config, register_configs
 from tasks.optim import build_optimizer, warmup_cosine
 
-OUT = Path(__file__).resolve().parents[2] / "docs" / "mup"
-BASE = 64
-HEAD_DIM = 16
-LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+LRS = (1e-3, 3e-3, 1e-2, 3e-2)
 SHRINK = ["data.source_args.max_files=300", "data.vocab_size=1024", "data.seq_len=64", "data.batch_size=8"]
 VAL_BATCHES = 16
+KEYS = {"standard": False, "mup": True}
 
 
 def composed() -> object:
@@ -79,83 +88,178 @@ def run(cfg, data, width: int, lr: float, *, mup: bool, steps: int, seed: int = 
     return mean if math.isfinite(mean) else math.inf
 
 
-def best(losses: dict[str, float]) -> str:
-    return min(losses, key=losses.get)
+def half_decade(lr: float, step: int) -> float:
+    """The rate ``step`` half-decades from ``lr`` on the grid 1, 3, 10, 30, ... (1e-3 -1 -> 3e-4)."""
+    return float(f"{10 ** (round(2 * math.log10(lr)) / 2 + step / 2):.0e}")
 
 
-def figure(record: dict, path: Path) -> None:
-    import matplotlib
+def grid_steps(lr: float, reference: float) -> int:
+    """How many half-decades ``lr`` lies above ``reference``."""
+    return round(2 * math.log10(lr / reference))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    titles = ("standard parametrization", "muP (base width 64)")
-    for ax, key, title in zip(axes, ("standard", "mup"), titles, strict=True):
-        for width, losses in record["val_loss"][key].items():
-            lrs = [float(lr) for lr in losses]
-            ax.plot(
-                lrs,
-                [losses[lr] if math.isfinite(losses[lr]) else float("nan") for lr in losses],
-                marker="o",
-                label=f"width {width}",
-            )
-        ax.set(xscale="log", xlabel="AdamW learning rate", title=title)
-    axes[0].set_ylabel(f"val/loss after {record['setup']['steps']} steps")
-    axes[1].legend()
-    fig.suptitle("Learning-rate transfer on gpt_generator (python -m scripts.mup.transfer)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def sweep_row(evaluate, lrs, *, extend: int, seeds: int, gap: float) -> dict[float, list[float]]:
+    """{lr: [val loss per seed]} for one width and parametrization: the grid, extended where the
+    best rate is at its edge, then more seeds for the rates within ``gap`` of the best."""
+    row = {lr: [evaluate(lr, 0)] for lr in sorted(lrs)}
+    for _ in range(extend):
+        best, low, high = min(row, key=lambda lr: mean(row[lr])), min(row), max(row)
+        if best not in (low, high) or not math.isfinite(mean(row[best])):
+            break
+        new = half_decade(best, -1 if best == low else 1)
+        row[new] = [evaluate(new, 0)]
+    row = dict(sorted(row.items()))
+    least = min(mean(losses) for losses in row.values())
+    for lr, losses in row.items():
+        if mean(losses) - least <= gap:
+            losses.extend(evaluate(lr, seed) for seed in range(1, seeds))
+    return row
+
+
+def summary(rows: dict[str, dict[int, dict[float, list[float]]]]) -> dict:
+    """Per parametrization: each width's best rate, its loss, how many half-decades it lies from
+    the narrowest width's best, and every width's loss at the narrowest width's best rate."""
+    found = {}
+    for key, by_width in rows.items():
+        narrowest = min(by_width)
+        best = {w: min(row, key=lambda lr, row=row: mean(row[lr])) for w, row in by_width.items()}
+        anchor = best[narrowest]
+        found[key] = {
+            "best_lr": {str(w): lr for w, lr in best.items()},
+            "best_loss": {str(w): mean(by_width[w][lr]) for w, lr in best.items()},
+            "best_lr_steps_from_narrowest": {str(w): grid_steps(lr, anchor) for w, lr in best.items()},
+            f"loss_at_lr_{anchor:g}": {
+                str(w): mean(row[anchor]) if anchor in row else None for w, row in by_width.items()
+            },
+        }
+    return found
+
+
+def figure(rows: dict, setup: dict, path: Path) -> None:
+    plt, fig, axes = panels()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for key, by_width in rows.items():
+        ax = axes[key]
+        for color, (width, row) in zip(colors, sorted(by_width.items()), strict=False):
+            lrs = sorted(row)
+            losses = [mean(row[lr]) if math.isfinite(mean(row[lr])) else float("nan") for lr in lrs]
+            ax.plot(lrs, losses, marker="o", color=color, label=f"width {width}")
+            best = min(lrs, key=lambda lr, row=row: mean(row[lr]))
+            ax.plot([best], [mean(row[best])], marker="*", markersize=14, color=color)
+        ax.set(xscale="log", xlabel="AdamW learning rate")
+    save(
+        fig,
+        axes,
+        ylabel=f"val/loss after {setup['steps']} steps (star: best)",
+        title="Learning-rate transfer on gpt_generator (python -m scripts.mup.transfer)",
+        path=path,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--lrs", type=float, nargs="+", default=list(LRS))
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, default=1, help="initialisations for the rates near the best")
+    parser.add_argument("--gap", type=float, default=0.05, help="how near the best a rate must be to get --seeds")
+    parser.add_argument("--extend", type=int, default=2, help="half-decades the grid may grow past each edge")
+    parser.add_argument("--follow-from", type=int, help="from this width on, start at the last best rate ±1 step")
+    parser.add_argument("--parametrizations", nargs="+", choices=list(KEYS), default=list(KEYS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on 2 shared cores)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs of transfer.json with the same setup")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     register_configs()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     cfg = composed()
     data = instantiate(cfg.data, _convert_="all", _recursive_=False)
     data.setup("fit")
-    losses: dict[str, dict[str, dict[str, float]]] = {"standard": {}, "mup": {}}
-    for width in args.widths:
-        for key, mup in (("standard", False), ("mup", True)):
-            row = losses[key].setdefault(str(width), {})
-            for lr in args.lrs:
-                row[f"{lr:g}"] = run(cfg, data, width, lr, mup=mup, steps=args.steps)
-                print(
-                    f"{key} width {width} lr {lr:g}: val loss {row[f'{lr:g}']:.4f} "
-                    f"({time.perf_counter() - start:.0f} s)",
-                    flush=True,
-                )
-    record = {
-        "command": "python -m scripts.mup.transfer "
-        + " ".join([f"--widths {' '.join(map(str, args.widths))}", f"--steps {args.steps}"]),
-        "date": time.strftime("%Y-%m-%d"),
-        "setup": {
-            "experiment": "gpt_generator",
-            "overrides": SHRINK,
-            "widths": args.widths,
-            "lrs": args.lrs,
-            "steps": args.steps,
-            "base": BASE,
-            "head_dim": HEAD_DIM,
-            "optimizer": "adamw",
-            "seed": 0,
-        },
-        "val_loss": losses,
-        "best_lr": {key: {w: best(row) for w, row in rows.items()} for key, rows in losses.items()},
-        "best_loss": {key: {w: min(row.values()) for w, row in rows.items()} for key, rows in losses.items()},
-        "seconds": round(time.perf_counter() - start),
+    setup = {
+        "experiment": "gpt_generator",
+        "overrides": SHRINK,
+        "steps": args.steps,
+        "base": BASE,
+        "head_dim": HEAD_DIM,
+        "optimizer": "adamw",
+        "val_batches": VAL_BATCHES,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "transfer.json").write_text(json.dumps(record, indent=1) + "\n")
-    figure(record, args.out / "transfer.png")
-    print(json.dumps({k: record[k] for k in ("best_lr", "best_loss", "seconds")}, indent=1))
+    path = args.out / "transfer.json"
+    runs: list[dict] = []
+    if args.resume and path.exists():
+        earlier = json.loads(path.read_text())
+        runs = [r for r in earlier["runs"] if earlier["setup"] == setup]
+        print(f"resuming: {len(runs)} runs of {path}")
+    done = {(r["parametrization"], r["width"], r["lr"], r["seed"]): r for r in runs}
+    rows: dict[str, dict[int, dict[float, list[float]]]] = {key: {} for key in args.parametrizations}
+    command = "python -m scripts.mup.transfer " + " ".join(
+        [f"--widths {' '.join(map(str, args.widths))}", f"--steps {args.steps}", f"--seeds {args.seeds}"]
+        + ([f"--follow-from {args.follow_from}"] if args.follow_from else [])
+    )
+
+    def record() -> dict:
+        done_rows = {key: {w: row for w, row in by_width.items() if row} for key, by_width in rows.items()}
+        return {
+            "command": command,
+            "date": time.strftime("%Y-%m-%d"),
+            "setup": setup,
+            "search": {
+                "lrs": args.lrs,
+                "follow_from": args.follow_from,
+                "extend": args.extend,
+                "seeds": args.seeds,
+                "gap": args.gap,
+            },
+            "val_loss": {
+                key: {str(w): {f"{lr:g}": mean(v) for lr, v in row.items()} for w, row in by_width.items()}
+                for key, by_width in done_rows.items()
+            },
+            "summary": summary({k: v for k, v in done_rows.items() if v}),
+            "seconds": round(time.perf_counter() - start),
+            "runs": runs,
+        }
+
+    for width in args.widths:
+        for key in args.parametrizations:
+            mup = KEYS[key]
+            same = "standard" if width == BASE else key  # at the base width muP is the standard model
+
+            def evaluate(lr: float, seed: int, width=width, mup=mup, same=same, key=key) -> float:
+                if (same, width, lr, seed) not in done:
+                    began = time.perf_counter()
+                    loss = run(cfg, data, width, lr, mup=mup and same == key, steps=args.steps, seed=seed)
+                    done[same, width, lr, seed] = {
+                        "parametrization": same,
+                        "width": width,
+                        "lr": lr,
+                        "seed": seed,
+                        "val_loss": loss,
+                        "seconds": round(time.perf_counter() - began, 1),
+                    }
+                    runs.append(done[same, width, lr, seed])
+                    write_json(path, record())
+                    print(
+                        f"{key} width {width} lr {lr:g} seed {seed}: val loss {loss:.4f} "
+                        f"({done[same, width, lr, seed]['seconds']} s; {time.perf_counter() - start:.0f} s in all)",
+                        flush=True,
+                    )
+                loss = done[same, width, lr, seed]["val_loss"]
+                return math.inf if loss is None else loss
+
+            lrs = args.lrs
+            if args.follow_from and width >= args.follow_from and rows[key]:
+                last = rows[key][max(rows[key])]
+                centre = min(last, key=lambda lr, last=last: mean(last[lr]))
+                lrs = [half_decade(centre, step) for step in (-1, 0, 1)]
+            rows[key][width] = sweep_row(evaluate, lrs, extend=args.extend, seeds=args.seeds, gap=args.gap)
+        write_json(path, record())
+        figure({k: v for k, v in rows.items() if v}, setup, args.out / "transfer.png")
+    print(json.dumps(record()["summary"], indent=1))
 
 
 if __name__ == "__main__":
