@@ -24,10 +24,13 @@ from zoo.stats import peak_flops
 
 
 class Throughput(L.Callback):
-    """Logs ``perf/tokens_per_s`` and, where the device's peak FLOP/s is known, ``perf/mfu``: model
-    FLOPs utilisation, the training FLOPs per token from ``zoo.stats`` (6N plus the attention term,
-    Chowdhery et al. 2022, https://arxiv.org/abs/2204.02311) times tokens per second, over the peak of
-    all devices.
+    """Logs ``perf/tokens_per_s`` and, where the device's peak FLOP/s is known, ``perf/mfu`` and
+    ``perf/mfu_causal``: model FLOPs utilisation, the training FLOPs per token from ``zoo.stats`` (6N plus
+    the attention term, Chowdhery et al. 2022, https://arxiv.org/abs/2204.02311) times tokens per second,
+    over the peak of all devices. ``perf/mfu`` counts attention whole (every query against every key:
+    PaLM's and nanoGPT's convention); ``perf/mfu_causal`` counts causal self-attention at half of that,
+    the keys a query sees (``flops_per_token_train_causal``). They differ by the causal layers' score
+    and value products alone, most at long sequences; an encoder's two are equal.
 
     Tokens are the run's: each data-parallel replica's batches once (Lightning's
     ``distributed_sampler_kwargs``: every process under DDP and FSDP, one tensor-parallel group under
@@ -44,8 +47,8 @@ class Throughput(L.Callback):
 
     def __init__(self, peak_flops: float | None = None, window: int = 10) -> None:
         self.peak_flops, self.window = peak_flops, window
-        self._flops_per_token: dict[int, int] = {}
-        self._tokens = self._flop_total = 0
+        self._flops_per_token: dict[int, tuple[int, int]] = {}  # seq_len -> (attention whole, causal half)
+        self._tokens = self._flop_total = self._causal_total = 0
         self._start: float | None = None
         self._step: int | None = None  # the optimizer steps taken at the previous batch's end
 
@@ -79,10 +82,11 @@ class Throughput(L.Callback):
             self._sync(trainer)
             self._start = time.perf_counter()
         ids = batch["input_ids"]
-        flops_per_token = self._flops(pl_module, ids.shape[1])
+        whole, causal = self._flops(pl_module, ids.shape[1])
         tokens = ids.numel() + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
         self._tokens += tokens
-        self._flop_total += ids.numel() * flops_per_token
+        self._flop_total += ids.numel() * whole
+        self._causal_total += ids.numel() * causal
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -102,9 +106,11 @@ class Throughput(L.Callback):
         replicas = self._replicas(trainer)
         metrics = {"perf/tokens_per_s": self._tokens * replicas / seconds}
         if self.peak_flops:  # the FLOPs of all replicas over the peak of all devices
-            metrics["perf/mfu"] = self._flop_total * replicas / trainer.world_size / seconds / self.peak_flops
+            per_flop = replicas / trainer.world_size / seconds / self.peak_flops
+            metrics["perf/mfu"] = self._flop_total * per_flop
+            metrics["perf/mfu_causal"] = self._causal_total * per_flop
         self._log(trainer, metrics)
-        self._tokens, self._flop_total, self._start = 0, 0, time.perf_counter()
+        self._tokens, self._flop_total, self._causal_total, self._start = 0, 0, 0, time.perf_counter()
 
     @staticmethod
     def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
@@ -114,11 +120,12 @@ class Throughput(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
-    def _flops(self, pl_module: L.LightningModule, seq_len: int) -> int:
+    def _flops(self, pl_module: L.LightningModule, seq_len: int) -> tuple[int, int]:
+        """Training FLOPs per token at ``seq_len``: (attention counted whole, causal attention at half)."""
         if seq_len not in self._flops_per_token:  # the model itself: no meta copy built per new length
             model = pl_module.model  # split by trainer=tp: its config (the layers hold one rank's share)
-            whole = model.config if cut_parameters(model) else model
-            self._flops_per_token[seq_len] = zoo.stats(whole, seq_len=seq_len).flops_per_token_train
+            counted = zoo.stats(model.config if cut_parameters(model) else model, seq_len=seq_len)
+            self._flops_per_token[seq_len] = (counted.flops_per_token_train, counted.flops_per_token_train_causal)
         return self._flops_per_token[seq_len]
 
     @staticmethod

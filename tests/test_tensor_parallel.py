@@ -153,8 +153,15 @@ def test_throughput_counts_each_replicas_tokens_once_and_mfu_over_every_device(m
         throughput.on_train_batch_start(trainer, task, batch, i)
         trainer.global_step = i + 1
         throughput.on_train_batch_end(trainer, task, None, batch, i)
-    flops = zoo.stats(task.model, seq_len=16).flops_per_token_train
-    assert logged == [{"perf/tokens_per_s": 64 * 2 / 4, "perf/mfu": pytest.approx(64 * flops * 2 / 4 / 4 / 1e9)}]
+    counted = zoo.stats(task.model, seq_len=16)
+    flops, causal = counted.flops_per_token_train, counted.flops_per_token_train_causal
+    assert logged == [
+        {
+            "perf/tokens_per_s": 64 * 2 / 4,
+            "perf/mfu": pytest.approx(64 * flops * 2 / 4 / 4 / 1e9),
+            "perf/mfu_causal": pytest.approx(64 * causal * 2 / 4 / 4 / 1e9),
+        }
+    ]
 
 
 # ---- the split model against the whole one, on 2 processes --------------------------------------------

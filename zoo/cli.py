@@ -119,18 +119,24 @@ def info_main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    table = Table(title=f"KV cache in {args.kv_dtype or args.dtype}, batch {args.batch_size} (exact numbers: --json)")
+    table = Table(
+        title=f"KV cache in {args.kv_dtype or args.dtype}, batch {args.batch_size} (exact numbers: --json)",
+        caption="vocab: the tokens predicted, and the embedding and head rows where padded (vocab_multiple_of);\n"
+        "params and FLOPs count the true vocabulary, FLOPs attention whole (--json: the causal half too)",
+    )
     sparse = any(r.active_params != r.params for r in rows)  # a mixture of experts: show what a token uses
-    columns = ["model", "params", "non-emb.", "seq len", "FLOPs/token fwd", "train", "KV cache"]
+    columns = ["model", "params", "non-emb.", "vocab", "seq len", "FLOPs/token fwd", "train", "KV cache"]
     for column in columns[:2] + ["active"] * sparse + columns[2:]:
         table.add_column(column, justify="left" if column == "model" else "right", no_wrap=column == "model")
     for r in rows:
         active = [_human(r.active_params, prefixes=" KMBT")] * sparse
+        padded = f" ({r.padded_vocab_size:,} rows)" if r.padded_vocab_size != r.vocab_size else ""
         table.add_row(
             r.name,
             _human(r.params, prefixes=" KMBT"),
             *active,
             _human(r.non_embedding_params, prefixes=" KMBT"),
+            f"{r.vocab_size:,}{padded}",
             f"{r.seq_len:,}",
             _human(r.flops_per_token_forward),
             _human(r.flops_per_token_train),

@@ -33,6 +33,9 @@ class ModelConfig:
     # form and sizes
     arch: str = "decoder"
     vocab_size: int = 32000
+    # the embedding and LM-head rows padded to a multiple of this (GPT-2: 128, 50,257 -> 50,304 rows), for
+    # tensor-core tiles; the logits are cut back to vocab_size, so nothing outside the model sees the pad
+    vocab_multiple_of: int | None = None  # None or 1: no padding (padded_vocab_size == vocab_size)
     d_model: int = 512
     n_layers: int = 6
     n_heads: int = 8
@@ -114,6 +117,13 @@ class ModelConfig:
             hidden = int(2 * 4 * self.d_model / 3)
             return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)
         return 4 * self.d_model
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The rows of the token embedding and the LM head: ``vocab_size`` rounded up to ``vocab_multiple_of``.
+        Rows from ``vocab_size`` on are padding: never looked up, their logits cut off (``ZooModel.logits``)."""
+        multiple = self.vocab_multiple_of or 1
+        return multiple * math.ceil(self.vocab_size / multiple)
 
     @property
     def resolved_n_encoder_layers(self) -> int:
@@ -237,6 +247,7 @@ class ModelConfig:
     def _check_sizes(self) -> None:
         for name in (
             "vocab_size",
+            "vocab_multiple_of",
             "d_model",
             "n_layers",
             "n_heads",

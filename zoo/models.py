@@ -119,8 +119,13 @@ class MLMHead(nn.Module):
         self.multiplier = 1.0 if width is None else 1.0 / width  # muP: the logits (before the bias) times 1/m
 
     def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
+        """(B, T, D) hidden states and the (V_padded, D) embedding -> (B, T, V) logits."""
         h = self.norm(F.gelu(self.dense(hidden), approximate=self.approximate))
-        return F.linear(h * self.multiplier if self.multiplier != 1.0 else h, embedding, self.bias)
+        h = h * self.multiplier if self.multiplier != 1.0 else h
+        vocab = self.bias.shape[0]
+        if embedding.shape[0] == vocab:
+            return F.linear(h, embedding, self.bias)
+        return F.linear(h, embedding)[..., :vocab] + self.bias  # vocab_multiple_of: the padding rows cut off
 
 
 @ARCH.register("decoder")
@@ -361,5 +366,13 @@ def _random_init_skipped() -> Iterator[None]:
 
 
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
-    """Number of distinct parameters (a tied embedding counts once); works on the meta device."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+    """Number of distinct parameters (a tied embedding counts once); works on the meta device. A zoo
+    model's vocabulary tables count their true rows (``vocab_size``), not the padding
+    (``vocab_multiple_of``), which holds nothing trained: gpt2's count is the published one either way."""
+    tables = model.vocab_tables() if isinstance(model, ZooModel) else {}
+    true_rows = {id(t): model.config.vocab_size for t in tables.values()}
+    return sum(
+        p.numel() // p.shape[0] * true_rows[id(p)] if id(p) in true_rows else p.numel()
+        for p in model.parameters()
+        if p.requires_grad or not trainable_only
+    )

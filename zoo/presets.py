@@ -3,7 +3,8 @@
 Parameter counts (meta device, ``zoo.count_parameters``) equal the published figures; the tests
 check every one. Sources: GPT-2 (Radford et al. 2019, HF configs), GPT-3 (Brown et al. 2020,
 table 2.1), BERT (Devlin et al. 2019), T5 (Raffel et al. 2020), Llama 2 (Touvron et al. 2023),
-Qwen2.5 (Qwen team 2024).
+Qwen2.5 (Qwen team 2024). The GPT and BERT presets pad their embedding and head rows to a multiple of
+128 (``vocab_multiple_of``), which those counts leave out as ``zoo.count_parameters`` does.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def _gpt(n_layers: int, d_model: int, n_heads: int, **kw: Any) -> ModelConfig:
     base = dict(
         arch="decoder",
         vocab_size=50257,
+        vocab_multiple_of=128,  # 50,304 rows: tensor-core tiles (zoo.config.ModelConfig.padded_vocab_size)
         max_seq_len=1024,
         position="learned",
         norm="layernorm",
@@ -43,6 +45,7 @@ def _bert(n_layers: int, d_model: int, n_heads: int, **kw: Any) -> ModelConfig:
     base = dict(
         arch="encoder",
         vocab_size=30522,
+        vocab_multiple_of=128,  # 30,592 rows
         max_seq_len=512,
         position="learned",
         norm="layernorm",

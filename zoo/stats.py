@@ -6,7 +6,17 @@ passes its router, its top-k experts and the shared expert, not the other expert
 (``Sublayer.inactive_parameters``, summed over the sublayers); a dense model's are all active.
 FLOPs follow Chowdhery et al. 2022 (PaLM, appendix B): a forward pass costs 2 FLOPs per active matmul
 weight per token plus 4 * layers * seq_len * (heads * head_dim) for the score and value products;
-training (forward + backward) is 3x the forward. KV-cache bytes are
+training (forward + backward) is 3x the forward. Two conventions count the attention term, and both are
+given: ``flops_per_token_*`` counts every attention layer whole, each query against all seq_len keys
+(PaLM's appendix B, nanoGPT's ``estimate_mfu``); ``flops_per_token_*_causal`` counts a causal
+self-attention layer at half of that, the keys a query may see on average (what a causal kernel computes;
+FlashAttention's papers count so). Bidirectional and cross-attention layers count whole in both; a
+sliding window's layers count as causal ones, whatever the window.
+
+Parameters and FLOPs count the true vocabulary (``vocab_size``). A model whose embedding and head rows
+are padded (``vocab_multiple_of``) holds ``padding_params`` more in memory and its head multiplies by
+them too; those are neither parameters (nothing trains them) nor model FLOPs (an MFU counts the work the
+model needs, not the work its padding adds). KV-cache bytes are
 2 (K and V) x layers x kv_heads x head_dim x seq_len x bytes per value x batch; an int8 cache
 (``kv_dtype="int8"``) takes 1 byte per value plus a 4-byte scale per head and position (zoo.kv_cache).
 
@@ -32,10 +42,10 @@ from zoo.sublayer import Sublayer
 @dataclass(frozen=True)
 class ModelStats:
     name: str
-    params: int
+    params: int  # the true vocabulary's rows: without the padding rows (padding_params)
     embedding_params: int  # token, position and segment tables
     non_embedding_params: int
-    flops_per_token_forward: int
+    flops_per_token_forward: int  # attention counted whole: every query against every key
     flops_per_token_train: int
     kv_cache_bytes: int
     seq_len: int
@@ -43,6 +53,11 @@ class ModelStats:
     dtype: str
     kv_dtype: str  # what the KV cache stores: the model's dtype, or "int8"
     active_params: int  # what one token uses: all of params but the experts it is not routed to (ffn=moe)
+    flops_per_token_forward_causal: int  # causal self-attention counted at half: the keys a query sees
+    flops_per_token_train_causal: int
+    vocab_size: int  # the tokens the model predicts
+    padded_vocab_size: int  # its embedding and head rows (vocab_multiple_of); = vocab_size unpadded
+    padding_params: int  # in the padding rows: held in memory, not in params
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,16 +86,21 @@ def stats(
         with torch.device("meta"):
             model = build_model(cfg)
     seq_len = seq_len or cfg.max_seq_len or 2048
-    params = count_parameters(model)
+    params = count_parameters(model)  # the true vocabulary's rows
+    padding = sum(p.numel() for p in model.parameters()) - params  # the vocabulary's padding rows
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     embedding -= sum(stack.position.attention_table_params() for stack in model.stacks())
+    embedding -= (cfg.padded_vocab_size - cfg.vocab_size) * model.embed.weight.shape[1]  # its padding rows
     non_embedding = params - embedding
     inactive = sum(m.inactive_parameters() for m in model.modules() if isinstance(m, Sublayer))
     form = cfg.form  # what differs between the forms: its head, its attention and cached layers
     tied_head = form.ties_head(cfg)
     head = cfg.vocab_size * cfg.d_model if tied_head else 0  # tied: a matmul, no new weight
     d_attn = cfg.n_heads * cfg.resolved_head_dim
-    forward = 2 * (non_embedding - inactive + head) + 4 * form.attention_layers(cfg) * seq_len * d_attn
+    attention = 4 * seq_len * d_attn  # per layer: QK^T and AV over seq_len keys, 2 FLOPs per multiply-add
+    causal = sum(len(stack.blocks) for stack in model.stacks() if stack.mask.causal)  # their self-attention
+    forward = 2 * (non_embedding - inactive + head) + form.attention_layers(cfg) * attention
+    forward_causal = forward - causal * attention // 2
     per_head = value_bytes(kv_dtype, cfg.resolved_head_dim, torch.empty((), dtype=dtype).element_size())
     # a windowed layer's cache keeps its last positions only (each layer's: a window_pattern's global ones all)
     lookbacks = model.stacks()[-1].lookbacks()
@@ -100,6 +120,11 @@ def stats(
         dtype=str(dtype).removeprefix("torch."),
         kv_dtype=kv_dtype or str(dtype).removeprefix("torch."),
         active_params=params - inactive,
+        flops_per_token_forward_causal=forward_causal,
+        flops_per_token_train_causal=3 * forward_causal,
+        vocab_size=cfg.vocab_size,
+        padded_vocab_size=cfg.padded_vocab_size,
+        padding_params=padding,
     )
 
 

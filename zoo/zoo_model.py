@@ -133,8 +133,9 @@ class ZooModel(Component, nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)  # rows from vocab_size on: padding
         self._kv_dtype: str | None = None  # see kv_dtype
+        self.register_load_state_dict_pre_hook(_pad_vocab_rows)
 
     @property
     def kv_dtype(self) -> str | None:
@@ -190,6 +191,8 @@ class ZooModel(Component, nn.Module):
                 nn.init.normal_(module.weight, std=std)
             elif hasattr(module, "reset_parameters") and not list(module.children()):
                 module.reset_parameters()  # norms
+        for table in self.vocab_tables().values():
+            table[self.config.vocab_size :].zero_()  # the padding rows (vocab_multiple_of): read by nothing, zero
         n_layers = sum(len(s.blocks) for s in self.stacks())
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
@@ -299,7 +302,44 @@ class ZooModel(Component, nn.Module):
         return self.embed_tokens(input_ids)
 
     def _lm_head(self) -> nn.Module:
-        return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
+        return nn.Linear(self.config.d_model, self.config.padded_vocab_size, bias=False)
+
+    def vocab_tables(self) -> dict[str, Tensor]:
+        """The weights whose rows are the vocabulary, ``padded_vocab_size`` of them, by ``state_dict`` name:
+        the token embedding and an untied LM head (a pipeline stage's, where it holds them)."""
+        tables = {} if self.embed is None else {"embed.weight": self.embed.weight}
+        head = self.lm_head if self.has_lm_head else None
+        if head is not None and isinstance(getattr(head, "weight", None), Tensor):
+            tables["lm_head.weight"] = head.weight
+        return tables
+
+    def with_vocab_multiple(self, multiple: int | None) -> ZooModel:
+        """This model with its vocabulary rows padded to ``multiple`` (``vocab_multiple_of``; None or 1: the
+        true vocabulary alone, as every export writes it): a copy that computes the same logits, the new
+        padding rows zero; this model itself where the rows already number that many.
+
+        ``zoo.from_hf(folder).with_vocab_multiple(128)`` pads a pretrained GPT-2 as the gpt2 preset is."""
+        cfg = self.config.replace(vocab_multiple_of=multiple)
+        cfg.validate()
+        rows = cfg.padded_vocab_size
+        if rows == self.config.padded_vocab_size:
+            return self
+        model = copy.deepcopy(self)
+        model.config = cfg
+        with torch.no_grad():
+            for name in self.vocab_tables():
+                module = model.get_submodule(name.rpartition(".")[0])
+                held = self.config.padded_vocab_size
+                for key, param in module.named_parameters(recurse=False):  # a Linear's weight (and bias)
+                    if param.shape[0] == held:
+                        setattr(module, key, nn.Parameter(fit_rows(param, rows, cfg.vocab_size), param.requires_grad))
+                for key, buffer in module.named_buffers(recurse=False):  # an int8 head's weight and scales
+                    if buffer.dim() and buffer.shape[0] == held:
+                        setattr(module, key, fit_rows(buffer, rows, cfg.vocab_size))
+                for size in ("num_embeddings", "out_features"):  # nn.Embedding's and nn.Linear's record of it
+                    if hasattr(module, size):
+                        setattr(module, size, rows)
+        return model
 
     def aux_losses(self) -> dict[str, Tensor]:
         """The auxiliary losses of the last forward (``Sublayer.aux_losses``), each summed over the
@@ -316,8 +356,33 @@ class ZooModel(Component, nn.Module):
         scale = self.config.logit_scale / (self.mup_width or 1.0)  # muP: logits times base/width
         hidden = hidden * scale if scale != 1.0 else hidden
         logits = F.linear(hidden, self.embed.weight) if self.lm_head is None else self.lm_head(hidden)
+        if logits.shape[-1] != self.config.vocab_size:  # vocab_multiple_of: the padding rows' logits cut off
+            logits = logits[..., : self.config.vocab_size]  # (B, T, V_padded) -> (B, T, V)
         cap = self.config.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)  # Gemma 2's final soft-cap
+
+
+def fit_rows(tensor: Tensor, rows: int, vocab: int) -> Tensor:
+    """``tensor``'s first ``vocab`` rows (the true vocabulary), then zero rows up to ``rows`` in all."""
+    fitted = tensor.new_zeros((rows, *tensor.shape[1:]))
+    fitted[:vocab] = tensor[:vocab]
+    return fitted
+
+
+def _pad_vocab_rows(model: ZooModel, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``load_state_dict``'s pre-hook: a vocabulary table stored with the true vocabulary's rows alone (an
+    unpadded model's, an HF or GGUF import's) loads into a model with padding rows (``vocab_multiple_of``),
+    its padding zero. Any other shape is left for ``load_state_dict`` to refuse."""
+    cfg = model.config
+    for name, own in model.vocab_tables().items():
+        theirs = state_dict.get(prefix + name)
+        if (
+            isinstance(theirs, Tensor)
+            and own.shape[0] != cfg.vocab_size
+            and theirs.dim() == own.dim()
+            and theirs.shape == (cfg.vocab_size, *own.shape[1:])
+        ):
+            state_dict[prefix + name] = fit_rows(theirs, own.shape[0], cfg.vocab_size)
 
 
 def mup_width(cfg: ModelConfig) -> float | None:

@@ -63,6 +63,7 @@ def run(cfg: DictConfig) -> float:
     check_out(out)
     task, checkpoint = task_and_checkpoint(cfg.ckpt_path)
     task.merge_adapter()  # a LoRA run is exported as the dense model it computes
+    task.model = task.model.with_vocab_multiple(None)  # every format holds the true vocabulary, no padding rows
     form.check_task(task)
     form.check_destination(task, out, overwrite=cfg.overwrite)
     command = " ".join(["zoo-export", *sys.argv[1:]])

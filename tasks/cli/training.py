@@ -286,7 +286,11 @@ def summarize(
     if "perf/tokens_per_s" in metrics:  # to compare with the README's figures on another machine
         table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
     if "perf/mfu" in metrics:  # where the device's peak is known (tasks.callbacks.Throughput)
-        table.add_row("MFU", f"{metrics['perf/mfu']:.1%} of the devices' peak FLOP/s (the last window)")
+        table.add_row(
+            "MFU", f"{metrics['perf/mfu']:.1%} of the devices' peak FLOP/s (the last window), attention counted whole"
+        )
+    if "perf/mfu_causal" in metrics:  # the same FLOP/s, causal self-attention counted at half (zoo.stats)
+        table.add_row("MFU, causal", f"{metrics['perf/mfu_causal']:.1%}, causal self-attention counted at half")
     if steps is not None and steps[0]:  # a new run's count is the fit's, below
         table.add_row("steps", f"{steps[1]:,} (resumed at step {steps[0]:,})")
     if pace and pace[0] > 0:

@@ -86,7 +86,8 @@ def to_gguf(
     unk, sep, cls, mask, eot; other entries are skipped); by default the model's eos and pad ids.
     ``add_bos``: llama.cpp puts bos before a text. ``chat_template``: a Jinja chat template, stored as text.
     ``check(tmp)`` runs on the finished file before it takes its name (raise to leave nothing behind).
-    A muP model is written as the standard model that computes the same logits (``ZooModel.without_mup``).
+    A muP model is written as the standard model that computes the same logits (``ZooModel.without_mup``),
+    a model with padded vocabulary rows with its true vocabulary alone (``ZooModel.with_vocab_multiple(None)``).
 
     Raises:
         ConfigError: for a model no llama.cpp architecture computes (:func:`gguf_exportable`), a
@@ -94,6 +95,7 @@ def to_gguf(
         FileExistsError: ``path`` exists (nothing is overwritten).
     """
     model = model.without_mup()  # muP's multipliers folded into weights: llama.cpp knows none
+    model = model.with_vocab_multiple(None)  # the true vocabulary: padding rows (vocab_multiple_of) left out
     arch = ARCHS.get(gguf_exportable(model))
     cfg = model.config
     if dtype not in FILE_TYPES:

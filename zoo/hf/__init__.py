@@ -253,7 +253,8 @@ def to_hf(
     ``BertForSequenceClassification`` with ``label_names``. The folder appears whole or not at all;
     an existing non-empty ``folder`` is refused. ``check(tmp)`` runs on the finished folder before it
     takes its name (raise to leave nothing behind). Returns the transformers class written. A muP model
-    is written as the standard model that computes the same logits (``ZooModel.without_mup``).
+    is written as the standard model that computes the same logits (``ZooModel.without_mup``), a model
+    with padded vocabulary rows with its true vocabulary alone (``ZooModel.with_vocab_multiple(None)``).
     A failed write (a full disk) is an OSError naming the file of ``folder`` it was writing.
 
     Raises:
@@ -263,6 +264,7 @@ def to_hf(
     from safetensors.torch import save_file
 
     model = model.without_mup()  # muP's multipliers folded into weights: transformers knows none
+    model = model.with_vocab_multiple(None)  # the true vocabulary: padding rows (vocab_multiple_of) left out
     cfg = model.config
     name, family, written = _hf_class(cfg, classifier is not None)
     _check_files(files or {})
