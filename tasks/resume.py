@@ -81,6 +81,11 @@ class ResumeState(L.Callback):
       row), and a validation that was due after it and had not ended is left for the resumed run to
       run whole (with the random states it started from).
 
+    A checkpoint saved by a validation that comes inside a gradient accumulation window (last.ckpt, the best)
+    is of the step boundary before the window too: no checkpoint keeps the window's first gradients, so the
+    run resumed from it reads those micro-batches again and validates after them again, as the run that
+    never stopped did.
+
     The optimizer's update itself is not interrupted by Ctrl-C: a SIGINT that comes while the weights
     are being written is held until the step's update is done (``on_train_batch_end``).
 
@@ -185,7 +190,7 @@ class ResumeState(L.Callback):
 
     def _states_to_save(self) -> RngStates:
         trainer = self._trainer
-        if trainer is None or not crashing(trainer):
+        if trainer is None or not (crashing(trainer) or self._inside_window(trainer)):
             return rng_states()
         if self._rolled_back(trainer):
             if self._step_start and self._step_start[0] == trainer.global_step + 1:
@@ -199,11 +204,19 @@ class ResumeState(L.Callback):
         """Whether a crash checkpoint now holds the state before the step under way (its update not done)."""
         return trainer.fit_loop.epoch_loop.batch_progress.total.ready > self._boundary
 
+    def _inside_window(self, trainer: L.Trainer) -> bool:
+        """Whether a checkpoint is saved by a validation that came inside a gradient accumulation window (a
+        ``trainer.val_check_interval`` that the window does not divide): batches read that no update used."""
+        return trainer.validating and not trainer.sanity_checking and self._rolled_back(trainer)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._to_restore = list(state_dict["rng"])
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if crashing(trainer) and "loops" in checkpoint:
+        """A crash checkpoint, and one of a validation inside an accumulation window (whose first micro-batches'
+        gradients no checkpoint keeps), hold the state at the step boundary before them: the resumed run reads
+        those micro-batches again, and runs that validation again after the same one (Lightning's interval)."""
+        if (crashing(trainer) or self._inside_window(trainer)) and "loops" in checkpoint:
             progress = trainer.fit_loop.epoch_loop.batch_progress
             unread = progress.total.ready - self._boundary if self._rolled_back(trainer) else 0
             at_boundary(checkpoint["loops"]["fit_loop"], trainer, unread, self._validated)

@@ -43,6 +43,10 @@ SETUPS = {  # name: (experiment, settings)
         "gpt_generator",  # counts batches; a validation inside a window would leave a last.ckpt without the
         ["trainer.accumulate_grad_batches=2", "++trainer.limit_train_batches=6"],  # window's first gradients)
     ),
+    "window": (  # a validation inside the window (after batch 3 of each epoch's 6): its checkpoints, and a crash
+        "gpt_generator",  # checkpoint after it, are of the window's start, which the resumed run reads again
+        ["trainer.accumulate_grad_batches=2", "++trainer.limit_train_batches=6", "trainer.val_check_interval=3"],
+    ),
     "lora": ("gpt_generator", ["adapter=lora", "adapter.dropout=0.1"]),
 }
 TIMING = ("perf/",)  # columns whose values are timings: present where the reference has them, any value
@@ -118,6 +122,8 @@ OTHERS = [  # a representative subset for the other setups
     ("accumulation", "update", 5, "raise"),
     ("accumulation", "update", 3, "raise"),  # the epoch's last step
     ("accumulation", "validation", 4, "raise"),
+    ("window", "validation", 1, "raise"),  # inside the validation that comes in step 2's window (1 step taken)
+    ("window", "forward", 2, "raise"),  # the window's last micro-batch, after that validation and its last.ckpt
     ("lora", "backward", 6, "raise"),
     ("lora", "update", 6, "sigint"),
     ("lora", "checkpoint", 4, "raise"),
@@ -140,26 +146,28 @@ def test_the_translator_packing_accumulation_and_lora_resume_exactly(references,
     assert got == want, differences(got, want)
 
 
-KILLS = [("backward", 6), ("checkpoint", 8)]  # inside the second validation's save: the first one's last.ckpt is left
+KILLS = [
+    ("generator", "backward", 6),
+    ("generator", "checkpoint", 8),  # inside the second validation's save: the first one's last.ckpt is left
+    ("window", "forward", 2),  # the last.ckpt of a validation inside the window: of the window's start
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase,step", KILLS, ids=[f"{p}-{s}" for p, s in KILLS])
-def test_a_run_killed_with_sigkill_resumes_exactly_from_its_last_checkpoint(references, tmp_path, phase, step):
+@pytest.mark.parametrize("setup,phase,step", KILLS, ids=["-".join(map(str, case)) for case in KILLS])
+def test_a_run_killed_with_sigkill_resumes_exactly_from_its_last_checkpoint(references, tmp_path, setup, phase, step):
     """kill -9 leaves no crash checkpoint: the resume starts from last.ckpt (inside a checkpoint's save, the
     one before it: the write is atomic) and repeats the steps after it."""
-    whole = references("generator")
+    whole = references(setup)
     out = tmp_path / "run"
-    experiment, settings = SETUPS["generator"]
     env = {
         **os.environ,
         "ZOO_TEST_FAULT": f"{phase}:{step}:sigkill",
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
         "HYDRA_FULL_ERROR": "0",
         "PYTHONWARNINGS": "ignore",
     }
-    args = [f"experiment={experiment}", *compose_args(), *RUN, *settings, f"hydra.run.dir={out}"]
-    args.append(f"data.tokenizer_path={whole / 'tokenizer.json'}")
+    args = [*command(setup), f"hydra.run.dir={out}", f"data.tokenizer_path={whole / 'tokenizer.json'}"]
     killed = subprocess.run(
         [sys.executable, "-m", "fault_injection", *args], cwd=tmp_path, env=env, capture_output=True, text=True
     )
@@ -170,7 +178,10 @@ def test_a_run_killed_with_sigkill_resumes_exactly_from_its_last_checkpoint(refe
     assert got == want, differences(got, want)
 
 
-def compose_args() -> list[str]:
+def command(setup: str) -> list[str]:
+    """The zoo-train arguments of ``setup``'s run (that of the tests in this process, as a command line):
+    for a subprocess, and for scripts/soak_resume.py."""
     from test_tasks import STEPS, TINY
 
-    return [*TINY["gpt_generator"], *STEPS]
+    experiment, settings = SETUPS[setup]
+    return [f"experiment={experiment}", *TINY[experiment], *STEPS, *RUN, *settings]
