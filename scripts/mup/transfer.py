@@ -23,7 +23,9 @@ muP's base, the muP model is the standard one (tests/test_mup.py), so those runs
 With ``--follow-from W``, the widths from W on start from three rates only, the best rate of the
 width before and its two neighbours (extended at the edges as above): a cheaper search that still
 brackets each best rate. Every finished run is written to transfer.json at once; ``--resume`` keeps
-the runs of an earlier, interrupted study with the same setup.
+the runs of an earlier, interrupted study with the same setup. ``--parametrizations mup`` runs one
+of the two (two processes, each with its own ``--out``, share a machine's cores); with their runs in
+one transfer.json, ``--replot`` writes its summary and figure again without training.
 """
 
 from __future__ import annotations
@@ -120,6 +122,17 @@ def sweep_row(evaluate, lrs, *, extend: int, seeds: int, gap: float) -> dict[flo
     return row
 
 
+def rows_of(runs: list[dict]) -> dict[str, dict[int, dict[float, list[float]]]]:
+    """The rows of transfer.json's runs: {parametrization: {width: {lr: [val loss per seed]}}}."""
+    rows: dict[str, dict[int, dict[float, list[float]]]] = {key: {} for key in KEYS}
+    for r in runs:
+        loss = math.inf if r["val_loss"] is None else r["val_loss"]
+        rows[r["parametrization"]].setdefault(r["width"], {}).setdefault(r["lr"], []).append(loss)
+    if BASE in rows["standard"]:
+        rows["mup"][BASE] = rows["standard"][BASE]  # the same model
+    return {key: {w: dict(sorted(by_width[w].items())) for w in sorted(by_width)} for key, by_width in rows.items()}
+
+
 def summary(rows: dict[str, dict[int, dict[float, list[float]]]]) -> dict:
     """Per parametrization: each width's best rate, its loss, how many half-decades it lies from
     the narrowest width's best, and every width's loss at the narrowest width's best rate."""
@@ -172,6 +185,7 @@ def main() -> None:
     parser.add_argument("--parametrizations", nargs="+", choices=list(KEYS), default=list(KEYS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on 2 shared cores)")
     parser.add_argument("--resume", action="store_true", help="keep the runs of transfer.json with the same setup")
+    parser.add_argument("--replot", action="store_true", help="transfer.json's runs summed up again")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     register_configs()
@@ -191,7 +205,7 @@ def main() -> None:
     }
     path = args.out / "transfer.json"
     runs: list[dict] = []
-    if args.resume and path.exists():
+    if (args.resume or args.replot) and path.exists():
         earlier = json.loads(path.read_text())
         runs = [r for r in earlier["runs"] if earlier["setup"] == setup]
         print(f"resuming: {len(runs)} runs of {path}")
@@ -221,9 +235,16 @@ def main() -> None:
             },
             "summary": summary({k: v for k, v in done_rows.items() if v}),
             "seconds": round(time.perf_counter() - start),
+            "run_seconds": round(sum(r["seconds"] for r in runs)),  # what the runs took, one after another
             "runs": runs,
         }
 
+    if args.replot:
+        rows = rows_of(runs)
+        write_json(path, record())
+        figure(rows, setup, args.out / "transfer.png")
+        print(json.dumps(record()["summary"], indent=1))
+        return
     for width in args.widths:
         for key in args.parametrizations:
             mup = KEYS[key]
