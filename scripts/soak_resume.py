@@ -48,10 +48,11 @@ ZOO_TRAIN = (  # zoo-train's entry point, with Python's stacks printed on SIGUSR
 
 
 def zoo_train(*args: str, log: Path) -> subprocess.Popen:
+    """zoo-train with ``args``, its output (the checkpoint a resume starts from, the interrupt's line) in ``log``."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
-    with log.open("w") as err:
+    with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", ZOO_TRAIN, *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err
+            [sys.executable, "-c", ZOO_TRAIN, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )
 
 
@@ -116,6 +117,9 @@ class Soak:
                 shutil.rmtree(run_dir, ignore_errors=True)
             with self.lock:
                 self.attempts += 1
+                attempt = self.attempts
+            if args.keep:  # each attempt's output kept beside the run: which checkpoint it resumed from, how it ended
+                log = self.work / f"run_{index}.attempt_{attempt:03d}.log"
             process = zoo_train(*(first if fresh else [f"resume={run_dir}"]), log=log)
             if not self.interrupting():
                 if process.wait() != 0:
@@ -148,7 +152,7 @@ class Soak:
             with self.lock:
                 self.counts[name] += 1
                 made = self.made
-            print(f"interrupt {made}: {name} (rc {process.returncode}), run {index}", flush=True)
+            print(f"interrupt {made}: {name} (rc {process.returncode}), run {index}, attempt {attempt}", flush=True)
         got, want = rows(run_dir), rows(whole)
         return None if got == want else f"run {index}: DIFFERENT rows: {differences(got, want)}"
 
@@ -163,7 +167,7 @@ def main() -> int:
     parser.add_argument("--max-delay", type=float, default=2.0, help="seconds after a step is logged (default 2)")
     parser.add_argument("--patience", type=float, default=120.0, help="seconds a run may take to obey (default 120)")
     parser.add_argument("--minutes", type=float, default=60.0, help="no interrupt after this time (default 60)")
-    parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
+    parser.add_argument("--keep", action="store_true", help="keep the runs and attempts' output (printed)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="zoo-soak-"))
     soak = Soak(args, work)
