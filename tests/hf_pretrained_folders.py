@@ -18,7 +18,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from tasks.data.sources import number_pairs, stdlib_code, stdlib_docstrings
+from tasks.data.sources import load_records
 
 VOCAB = 320
 STEPS = [
@@ -112,7 +112,7 @@ def _folder(path: Path, model: torch.nn.Module, tokenizer: Tokenizer, **tokens: 
 
 
 def _gpt2(path: Path) -> Path:
-    tok = _bpe([r["text"] for r in stdlib_code(max_files=30)])
+    tok = _bpe([r["text"] for r in load_records("stdlib_code", max_files=30)])
     eos = tok.token_to_id("<|endoftext|>")
     config = transformers.GPT2Config(
         vocab_size=tok.get_vocab_size(),
@@ -132,7 +132,7 @@ def _gpt2(path: Path) -> Path:
 
 
 def _llama(path: Path, qwen2: bool = False) -> Path:
-    tok = _bpe([r["text"] for r in stdlib_code(max_files=30)])
+    tok = _bpe([r["text"] for r in load_records("stdlib_code", max_files=30)])
     eos = tok.token_to_id("<|endoftext|>")
     cls = transformers.Qwen2Config if qwen2 else transformers.LlamaConfig
     config = cls(
@@ -152,7 +152,7 @@ def _llama(path: Path, qwen2: bool = False) -> Path:
 
 
 def _bert(path: Path) -> Path:
-    tok = _wordpiece([r["text"] for r in stdlib_docstrings()][:3000])
+    tok = _wordpiece([r["text"] for r in load_records("stdlib_docstrings")][:3000])
     config = transformers.BertConfig(
         vocab_size=tok.get_vocab_size(),
         hidden_size=32,
@@ -177,7 +177,7 @@ def _bert(path: Path) -> Path:
 
 
 def _t5(path: Path) -> Path:
-    pairs = number_pairs(n=2000, target_lang="fr")
+    pairs = load_records("numbers", n=2000, target_lang="fr")
     tok = _unigram([t for p in pairs for t in (p["source"], p["target"])])
     config = transformers.T5Config(
         vocab_size=tok.get_vocab_size(),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import tasks.data.text_files as text_files
+import tasks.data.formats.text as text_files
+import tasks.data.formats.utf8 as utf8
 from tasks.data.sources import load_records
 from tasks.data.tokenizers import load_or_train, train_tokenizer
 from tasks.errors import DataError
@@ -102,7 +103,7 @@ def test_a_50_mb_line_becomes_bounded_records_that_join_back(tmp_path):
 
 def test_lines_split_like_before_and_long_ones_are_cut_after_a_space(tmp_path, monkeypatch):
     monkeypatch.setattr(text_files, "MAX_RECORD_CHARS", 16)
-    monkeypatch.setattr(text_files, "CHUNK_BYTES", 5)  # line breaks and characters across chunk borders
+    monkeypatch.setattr(utf8, "CHUNK_BYTES", 5)  # line breaks and characters across chunk borders
     long = "wörd " * 10
     (tmp_path / "a.txt").write_bytes(f"first\r\n\r\nsecond\rthird\n{long}\nlast".encode())
     records = _local(tmp_path / "a.txt")

@@ -50,6 +50,7 @@ def _rows(tmp_path, n: int = 300):
 
 def test_a_streamed_source_gives_the_examples_it_gives_read_whole(tmp_path, monkeypatch):
     import tasks.data.text_module as text_module
+    from tasks.data.sources.local import Local
 
     seen: list[list[str]] = []
     real = text_module.train_tokenizer
@@ -59,7 +60,7 @@ def test_a_streamed_source_gives_the_examples_it_gives_read_whole(tmp_path, monk
     path = _rows(tmp_path)
     streamed = ClassificationDataModule(source="local", source_args={"path": path}, vocab_size=300)
     streamed.setup("fit")
-    monkeypatch.setattr(text_module, "STREAMED", {})  # the source read into a list, as before
+    monkeypatch.setattr(Local, "streams", False)  # the source read into a list, as before
     listed = ClassificationDataModule(source="local", source_args={"path": path}, vocab_size=300)
     listed.setup("fit")
     assert seen[0] == seen[1] and streamed.label_names == listed.label_names  # the tokenizer learns from the same

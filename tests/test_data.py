@@ -13,7 +13,7 @@ from tasks.cli.schemas import conf_dir
 from tasks.data import LMDataModule, MLMDataModule, TranslationDataModule
 from tasks.data.loading import BucketBatchSampler
 from tasks.data.modules import IGNORE
-from tasks.data.sources import local_records, number_pairs, split_of, stdlib_docstrings
+from tasks.data.sources import load_records, split_of
 from tasks.data.tokenizers import EOS, MASK, PAD, SPECIALS, load_or_train, train_tokenizer
 
 TEXTS = [
@@ -74,10 +74,10 @@ def test_lm_data_packs_full_blocks_with_shifted_labels(tmp_path):
 
 def test_local_records_read_csv_and_jsonl(tmp_path):
     (tmp_path / "a.csv").write_text("sentence,category\nhello there,greeting\nbye now,farewell\n")
-    rows = local_records(tmp_path / "a.csv", text="sentence", label="category")
+    rows = load_records("local", path=tmp_path / "a.csv", text="sentence", label="category")
     assert [(r["text"], r["label"]) for r in rows] == [("hello there", "greeting"), ("bye now", "farewell")]
     (tmp_path / "b.jsonl").write_text('{"source": "one", "target": "eins"}\n')
-    assert local_records(tmp_path / "b.jsonl")[0]["target"] == "eins"
+    assert load_records("local", path=tmp_path / "b.jsonl")[0]["target"] == "eins"
 
 
 def test_mlm_masking_follows_15_percent_and_80_10_10():
@@ -120,7 +120,7 @@ def test_bucketing_covers_every_index_once_and_groups_lengths():
 
 
 def test_docstring_labels_are_packages():
-    records = stdlib_docstrings(packages=("json",))
+    records = load_records("stdlib_docstrings", packages=("json",))
     assert records and {r["label"] for r in records} == {"json"}
 
 
@@ -135,7 +135,7 @@ def test_every_registered_name_has_a_yaml_file_and_back():
 
 
 def test_number_pairs_give_short_numbers_weight_and_score_each_number_once():
-    records = number_pairs(4000, target_lang="fr")
+    records = load_records("numbers", n=4000, target_lang="fr")
     digits = Counter(len(r["key"]) for r in records)
     assert digits[1] + digits[2] > 0.15 * len(records)  # drawn uniformly below 100,000 they would be 0.1%
     targets: dict[str, set[str]] = {}

@@ -2,7 +2,7 @@
 as ``records[:-5]``) and a misspelt key under data.source_args (read as a column name before) are
 refused in one line before anything is read: one rule each, asked by zoo-train when the config is
 composed and by a data module when it is built (tasks/data/settings.py ``check_settings``,
-tasks/data/sources.py ``check_source``)."""
+tasks/data/sources/base.py ``check_source``)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import tasks.data.files as files
-import tasks.data.text_files as text_files
+import tasks.data.formats.text as text_files
+import tasks.data.formats.utf8 as utf8
 from tasks.data.loading import ShuffledBatchSampler, _mix
 from tasks.data.prepared import joined
 from tasks.data.sources import load_records
+from tasks.data.sources.base import keyed
 from tasks.errors import DataError
 
 TEXT = "  \n\ndef f(x):\r\n    return x\r\n\r\n  \n\nclass A:\n    pass\n\n\n# the end\n"
@@ -26,7 +27,7 @@ def _local(path: Path, **args: str) -> list[dict]:
 @pytest.fixture(params=[1 << 20, 3], ids=["whole", "3-byte chunks"])
 def chunked(request, monkeypatch):
     """Read files in chunks of this many bytes: breaks and blank lines across chunk borders."""
-    monkeypatch.setattr(text_files, "CHUNK_BYTES", request.param)
+    monkeypatch.setattr(utf8, "CHUNK_BYTES", request.param)
 
 
 def test_a_document_is_a_file_with_its_line_breaks_and_one_group(tmp_path, chunked):
@@ -60,7 +61,7 @@ def test_a_line_records_key_is_the_rows_as_before(tmp_path):
     (tmp_path / "a.txt").write_text(f'short\n{long}\n"quoted"\n')
     records = _local(tmp_path / "a.txt")
     rows = [{"text": t} for t in ("short", long, '"quoted"')]
-    assert records == list(files._renamed(rows, {}))
+    assert records == list(keyed(rows, {}))
 
 
 def test_sample_by_is_checked_in_one_line(tmp_path):

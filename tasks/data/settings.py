@@ -1,8 +1,9 @@
 """What each data module takes (``data.*`` in a config), its defaults and the values it refuses, in one
 place: the data modules read them, and so does the config schema (``schema/data/<DataModule>``), which
-composing a verb's config needs before Lightning and the data modules are imported. ``check_settings``
-is the one rule for their values: a data module asks it when it is built, zoo-train and zoo-eval when
-the config is composed (``tasks.cli.values``), before anything is read."""
+composing a verb's config needs before Lightning and the data modules are imported. Each field
+declares the range of its values (``ranged``), and ``check_settings`` is the one check of them: a data
+module asks it when it is built, zoo-train and zoo-eval when the config is composed
+(``tasks.cli.values``), before anything is read."""
 
 from __future__ import annotations
 
@@ -14,51 +15,80 @@ from typing import Any
 
 import zoo
 
-COUNTS = {"vocab_size": 1, "seq_len": 1, "batch_size": 1, "max_records": 1, "num_workers": 0}
-"""The whole-number settings and the least each takes (``max_records``: null reads every record)."""
-SHARES = {"val_fraction": (0.0, 1.0), "test_fraction": (0.0, 1.0), "mask_prob": (0.0, 1.0)}
-"""The settings that are a share of something, and the range each lies in (``mask_prob``: above 0)."""
 MAX_VOCAB = 1 << 22  # 4,194,304: beyond any tokenizer in use (the largest are ~256k); training one would not fit
-HINTS = {
-    "max_records": "; leave it out (null) to read every record",
-    "num_workers": " (0 reads in the training process)",
-}
 
 
-def check_settings(values: Mapping[str, Any]) -> None:
-    """A zoo.ConfigError naming ``data.<key>`` and the fix for the first of ``values`` (a data module's
-    settings, or the ``data`` node of a config) that no data module can use: a count that is not a
-    whole number at least its least (``COUNTS``: ``max_records=-5`` would read all records but five),
-    a share out of its range, ``tokenizer_sample_mb`` not above 0, a vocabulary no tokenizer needs.
-    Keys it does not know, and None (not set), pass."""
-    for key, least in COUNTS.items():
-        value = values.get(key)
-        if value is None:
-            continue
+@dataclass(frozen=True)
+class Count:
+    """A whole number at least ``least`` (and at most ``most``, where a larger one is a mistake); ``hint``
+    ends the error of one below ``least``."""
+
+    least: int = 1
+    most: int | None = None
+    hint: str = ""
+
+    def check(self, key: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise zoo.ConfigError(f"data.{key}={value!r} must be a finite number")
         if not isinstance(value, int):
             raise zoo.ConfigError(f"data.{key}={value!r} must be a whole number")
-        if value < least:
-            raise zoo.ConfigError(f"data.{key}={value} must be {'> 0' if least else '>= 0'}{HINTS.get(key, '')}")
-    for key, (low, high) in SHARES.items():
+        if value < self.least:
+            raise zoo.ConfigError(f"data.{key}={value} must be {'> 0' if self.least else '>= 0'}{self.hint}")
+        if self.most is not None and value > self.most:
+            raise zoo.ConfigError(
+                f"data.{key}={value} is more than any tokenizer needs (at most {self.most:,}); lower it"
+            )
+
+
+@dataclass(frozen=True)
+class Share:
+    """A share of something, a number in [0, 1]; ``nothing``: where 0 is refused, the error's fix."""
+
+    nothing: str = ""
+
+    def check(self, key: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+            raise zoo.ConfigError(f"data.{key}={value!r} must be a number in [0.0, 1.0]")
+        if self.nothing and value == 0:
+            raise zoo.ConfigError(f"data.{key}=0 {self.nothing}")
+
+
+@dataclass(frozen=True)
+class Positive:
+    """A finite number above 0 (``what``: what it measures, for the error)."""
+
+    what: str
+
+    def check(self, key: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise zoo.ConfigError(f"data.{key}={value!r} must be > 0 ({self.what})")
+
+
+def ranged(default: Any, rule: Count | Share | Positive) -> Any:
+    """A settings field with its default and the rule its values keep (``check_settings``)."""
+    return field(default=default, metadata={"rule": rule})
+
+
+def check_settings(values: Mapping[str, Any]) -> None:
+    """A zoo.ConfigError naming ``data.<key>`` and the fix for the first of ``values`` (a data module's
+    settings, or the ``data`` node of a config) that no data module can use, by the rule each settings
+    field declares (``ranged``): a count that is not a whole number at least its least
+    (``max_records=-5`` would read all records but five), a share out of [0, 1], ``tokenizer_sample_mb``
+    not above 0, a vocabulary no tokenizer needs. Keys it does not know, and None (not set), pass."""
+    for key, rule in _rules().items():
         value = values.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-            raise zoo.ConfigError(f"data.{key}={value!r} must be a number in [{low}, {high}]")
-        if key == "mask_prob" and value == 0:
-            raise zoo.ConfigError(f"data.{key}=0 masks nothing, so nothing is learned; give a share above 0, e.g. 0.15")
-    sample_mb = values.get("tokenizer_sample_mb")
-    if sample_mb is not None and (
-        isinstance(sample_mb, bool) or not isinstance(sample_mb, int | float) or not 0 < sample_mb < math.inf
-    ):
-        raise zoo.ConfigError(f"data.tokenizer_sample_mb={sample_mb!r} must be > 0 (MB of text to train on)")
-    vocab = values.get("vocab_size")
-    if isinstance(vocab, int) and vocab > MAX_VOCAB:
-        raise zoo.ConfigError(
-            f"data.vocab_size={vocab} is more than any tokenizer needs (at most {MAX_VOCAB:,}); lower it"
-        )
+        if value is not None:
+            rule.check(key, value)
+
+
+def _rules() -> dict[str, Count | Share | Positive]:
+    """The rule of each settings field that declares one, over every data module's settings."""
+    return {
+        f.name: f.metadata["rule"]
+        for settings in SETTINGS.values()
+        for f in dataclasses.fields(settings)
+        if "rule" in f.metadata
+    }
 
 
 @dataclass(kw_only=True)
@@ -69,15 +99,16 @@ class TextData:
     source_args: dict[str, Any] = field(default_factory=dict)
     tokenizer_path: str | None = None
     tokenizer_kind: str | None = None  # None: the data module's own (bpe, wordpiece, unigram)
-    vocab_size: int = 4096
-    seq_len: int = 128
-    batch_size: int = 32
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
-    max_records: int | None = None
-    num_workers: int = 0
+    vocab_size: int = ranged(4096, Count(most=MAX_VOCAB))
+    seq_len: int = ranged(128, Count())
+    batch_size: int = ranged(32, Count())
+    val_fraction: float = ranged(0.05, Share())
+    test_fraction: float = ranged(0.05, Share())
+    max_records: int | None = ranged(None, Count(hint="; leave it out (null) to read every record"))
+    num_workers: int = ranged(0, Count(least=0, hint=" (0 reads in the training process)"))
     seed: int = 0
-    tokenizer_sample_mb: float = 64.0  # MB of the training split's text the tokenizer is trained on, at most
+    # MB of the training split's text the tokenizer is trained on, at most
+    tokenizer_sample_mb: float = ranged(64.0, Positive("MB of text to train on"))
 
     def __post_init__(self) -> None:
         check_settings({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
@@ -97,7 +128,9 @@ class LMData(PreparedData):
 
 @dataclass(kw_only=True)
 class MLMData(PreparedData):
-    mask_prob: float = 0.15
+    mask_prob: float = ranged(
+        0.15, Share(nothing="masks nothing, so nothing is learned; give a share above 0, e.g. 0.15")
+    )
 
 
 @dataclass(kw_only=True)
@@ -106,7 +139,7 @@ class TranslationData(TextData):
     100 MB of memory and 4 s per MB of text on 2 cores, ``scripts/bench/records.py --task translator``;
     the shipped data, up to 3 MB, is read whole). Raise it for a larger vocabulary, at that cost."""
 
-    tokenizer_sample_mb: float = 4.0
+    tokenizer_sample_mb: float = ranged(4.0, Positive("MB of text to train on"))
 
 
 SETTINGS: dict[str, type[TextData]] = {

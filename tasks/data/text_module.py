@@ -49,7 +49,6 @@ from tasks.data.prepared import (
 )
 from tasks.data.settings import PreparedData, TextData
 from tasks.data.sources import (
-    STREAMED,
     check_source,
     check_texts,
     load_records,
@@ -90,7 +89,8 @@ class TextDataModule(L.LightningDataModule):
         # a key it does not take: TypeError naming it; a value no data module can use: ConfigError (check_settings)
         self.settings = given = self.Settings(**settings)
         self.source, self.source_args = given.source, dict(given.source_args or {})
-        check_source(self.source, self.source_args, needs=self.fields)  # before anything is read
+        # before anything is read; a source read one record at a time is never held (``Source.streams``)
+        self.streams = check_source(self.source, self.source_args, needs=self.fields).streams
         self.tokenizer_path = given.tokenizer_path
         self.kind = given.tokenizer_kind or self.tokenizer_kind
         self.vocab_size, self.seq_len, self.batch_size = given.vocab_size, given.seq_len, given.batch_size
@@ -139,7 +139,7 @@ class TextDataModule(L.LightningDataModule):
 
     def split_sources(self) -> tuple[dict[str, Iterable[dict[str, Any]]], Counter[str], int]:
         """Each split's records (re-readable), how many there are, and the training split's bytes of text."""
-        if self.source in STREAMED and self.max_records is None:
+        if self.streams and self.max_records is None:
             source, args, needs = self.source, self.source_args, self.fields
 
             def records() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -387,7 +387,7 @@ class PreparedDataModule(TextDataModule):
             "seed": self.seed if self.max_records is not None else None,
         }
         name = str(self.source_args.get("path") or self.source_args.get("name") or self.source)
-        if self.source in STREAMED and self.max_records is None:
+        if self.streams and self.max_records is None:
             known, files = source_identity(self.source, self.source_args)
             count, size = files or (None, None)
             source, args, needs = self.source, self.source_args, self.fields

@@ -1,20 +1,20 @@
-""".txt files read by zoo, in bounded memory: UTF-8 checked as it is read (a NUL or a non-UTF-8 byte is a
-DataError naming the file and byte), line breaks \\n, \\r\\n and \\r alike; records by line (as HF
+"""The ``text`` format: .txt files read by zoo, in bounded memory: UTF-8 checked as it is read
+(``utf8.py``), line breaks \\n, \\r\\n and \\r alike; records by line (as HF
 datasets' text reader), by paragraph or by document (``data.source_args.sample_by``); and seeded
 windows of the files for a tokenizer's sample, read without the rest (``windows``)."""
 
 from __future__ import annotations
 
-import codecs
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from tasks.data.formats.base import FORMATS, FileFormat, Rows
+from tasks.data.formats.utf8 import decoded, open_data
 from tasks.data.prepared import unit
-from tasks.errors import DataError
 
 MAX_RECORD_CHARS = 1 << 20
 """A longer line (paragraph, file) of a .txt file becomes several records of at most this many characters."""
@@ -22,46 +22,24 @@ SAMPLES_BY = ("line", "paragraph", "document")
 PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line break, then blank (or whitespace-only) lines
 """How a .txt file becomes records (``data.source_args.sample_by``), as HF datasets' text reader: each
 line; each paragraph (lines up to a blank one, joined by \\n); each file, its pieces kept in one split."""
-CHUNK_BYTES = 1 << 20  # .txt files are read this much at a time
-WINDOW_BYTES = 1 << 18  # the part of a .txt file one draw of a tokenizer's sample reads (``text_windows``)
+WINDOW_BYTES = 1 << 18  # the part of a .txt file one draw of a tokenizer's sample reads (``windows``)
 
 
-def open_data(file: Path) -> BinaryIO:
-    try:
-        return file.open("rb")
-    except OSError as error:
-        raise DataError(f"{file}: cannot read it ({error.strerror}); fix its permissions or move it out") from None
+@FORMATS.register("text")
+class Text(FileFormat):
+    """.txt files: a record a line, a paragraph or a file (``sample_by``), keyed by zoo; UTF-8 is checked
+    as they are read, not before."""
 
+    suffixes = (".txt",)
+    samples_by = SAMPLES_BY
 
-def decode(file: Path, decoder: codecs.IncrementalDecoder, chunk: bytes, offset: int, *, final: bool) -> str:
-    """``chunk`` (read at byte ``offset``) as UTF-8 text; a DataError at a NUL byte or a non-UTF-8 byte."""
-    nul = chunk.find(b"\x00")
-    if nul >= 0:
-        raise DataError(
-            f"{file}: a NUL byte at byte {offset + nul}: a binary (or UTF-16) file, not UTF-8 text; "
-            f"remove it or save it as UTF-8 text"
-        )
-    pending = len(decoder.getstate()[0])  # bytes of a character begun in the previous chunk
-    try:
-        return decoder.decode(chunk, final)
-    except UnicodeDecodeError as error:
-        at = offset - pending + error.start
-        raise DataError(
-            f"{file}: byte {at} (0x{error.object[error.start]:02x}) is not UTF-8 text; save the file "
-            f"as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it"
-        ) from None
+    @classmethod
+    def rows(cls, files: list[Path], root: Path, sample_by: str) -> Rows:
+        return Rows(text_records(files, root, sample_by), ["text"], keyed=True)
 
-
-def decoded(file: Path) -> Iterator[str]:
-    """The text of a UTF-8 file, read CHUNK_BYTES at a time (a leading byte order mark dropped)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0
-    with open_data(file) as f:
-        while chunk := f.read(CHUNK_BYTES):
-            text = decode(file, decoder, chunk, offset, final=False)
-            yield text.removeprefix("\ufeff") if offset == 0 else text
-            offset += len(chunk)
-        yield decode(file, decoder, b"", offset, final=True)
+    @classmethod
+    def windows(cls, files: list[Path], sample_by: str) -> Callable[[float, int], Iterator[str]] | None:
+        return lambda share, seed: windows(files, sample_by, share, seed)
 
 
 def lines(file: Path) -> Iterator[str]:
