@@ -44,7 +44,7 @@ from rich.table import Table
 
 import zoo
 from scripts.bench.real import smollm2_file
-from tasks.run_dirs import claim_fresh
+from tasks.run.run_dirs import claim_fresh
 from zoo.io import atomic_write_text
 
 DATA = ["data.source=stdlib_docstrings", "data.source_args=null", "data.seq_len=128", "data.batch_size=4"]

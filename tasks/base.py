@@ -18,13 +18,13 @@ from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 
 import zoo
-from tasks.checkpoints import BASE_KEY, base_reference
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError
-from tasks.init_from import check_tensors, first_line, loaded_line, no_base_error, size_diff
 from tasks.optim import SCHEDULE_KEYS, build_optimizer, warmup_cosine
-from tasks.precision import clip_under_mixed_precision
-from tasks.strategy import pipeline_step_of, strategy_of
+from tasks.run.checkpoints import BASE_KEY, base_reference
+from tasks.run.init_from import check_tensors, first_line, loaded_line, no_base_error, size_diff
+from tasks.run.precision import clip_under_mixed_precision
+from tasks.strategy import PipelineBatch, pipeline_step_of, strategy_of
 from zoo.generation import generate
 
 STAGES = ("train", "val", "test")
@@ -120,6 +120,15 @@ class ZooTask(L.LightningModule):
         self.model.compile()
         if type(self).train_loss is not ZooTask.train_loss:
             self.compiled_loss = torch.compile(self.train_loss)
+
+    def pipeline_batch(self, batch: dict[str, Tensor]) -> PipelineBatch:
+        """The batch as pipeline stages take it (a ``pipelined`` task's; trainer=pp asks it)."""
+        raise NotImplementedError(f"{type(self).__name__} is not cut into pipeline stages")
+
+    def pipeline_loss(self, hidden: Tensor, target: dict[str, Tensor], stage: str) -> Tensor:
+        """On a pipeline's last stage: one microbatch's losses, summed, from its final hidden states (a
+        ``pipelined`` task's; trainer=pp asks it)."""
+        raise NotImplementedError(f"{type(self).__name__} is not cut into pipeline stages")
 
     def pipeline_step(self) -> Callable[[ZooTask, dict[str, Any], str], Tensor] | None:
         """The strategy's ``pipeline_step`` when it runs the model as pipeline stages (trainer=pp:

@@ -11,7 +11,7 @@ from torchmetrics import Accuracy, F1Score, Metric
 
 import zoo
 from tasks.base import ZooTask, padding_mask, top_count
-from tasks.parallel.pipeline import PipelineBatch
+from tasks.strategy import PipelineBatch
 
 POOLINGS = ("cls", "mean")
 

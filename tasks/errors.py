@@ -1,5 +1,10 @@
 """Mistakes a user can fix. Every verb ends on one of these (or a zoo.ConfigError /
-zoo.CheckpointError) with one line that names the field or file and the fix, not a traceback."""
+zoo.CheckpointError) with one line that names the field or file and the fix, not a traceback.
+
+This module is also the contract the Optuna sweeper (hydra_plugins/zoo_optuna_sweeper/) meets tasks
+by, imported one way (the sweeper imports it, never the reverse): a run ended on purpose
+(:class:`EndedOnPurpose`: a pruned trial) and how a job asks for its errors raised, not reported in
+one line (:data:`RAISE_ERRORS_ENV`)."""
 
 from __future__ import annotations
 
@@ -7,6 +12,10 @@ import errno
 import io
 import json
 from typing import ClassVar
+
+RAISE_ERRORS_ENV = "ZOO_RAISE_ERRORS"
+"""Set in a sweep job's process (by the sweeper's callbacks): zoo-train lets the job's error reach the
+sweeper, which records it as the trial's failure, instead of ending in one line."""
 
 
 class UserError(ValueError):

@@ -12,9 +12,9 @@ from torchmetrics.text import Perplexity
 
 import zoo
 from tasks.base import ZooTask
-from tasks.chat import chat_prompt
-from tasks.loggers import sample_block
-from tasks.parallel.pipeline import PipelineBatch
+from tasks.chat.templates import chat_prompt
+from tasks.run.loggers import sample_block
+from tasks.strategy import PipelineBatch
 
 
 class GeneratorTask(ZooTask):
@@ -136,7 +136,7 @@ class GeneratorTask(ZooTask):
         **_: Any,
     ) -> str:
         """The model's reply to ``messages`` (the conversation so far), as its chat template asks for one
-        (tasks.chat: rendered in a sandbox), ended by its end-of-turn token; the reply alone."""
+        (tasks.chat.templates: rendered in a sandbox), ended by its end-of-turn token; the reply alone."""
         ids, end = chat_prompt(self, messages, origin)
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
         generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -11,7 +11,7 @@ from torchmetrics import Accuracy, Metric
 
 import zoo
 from tasks.base import ZooTask, padding_mask, top_count
-from tasks.parallel.pipeline import PipelineBatch
+from tasks.strategy import PipelineBatch
 
 
 class MLMTask(ZooTask):

@@ -1,6 +1,6 @@
 """What zoo's tasks, checks, summary and verbs ask of a training strategy, in one declared contract.
 
-A strategy of zoo's own (trainer=tp: ``tasks.parallel.TensorParallelStrategy``; trainer=pp:
+A strategy of zoo's own (trainer=tp: ``tasks.parallel.tensor.TensorParallelStrategy``; trainer=pp:
 ``tasks.parallel.pipeline.PipelineParallelStrategy``) subclasses :class:`ZooStrategy` beside its Lightning base
 and overrides what it does differently. Lightning's own strategies (one device, DDP, FSDP) keep the
 model whole and get the defaults (:data:`PLAIN`). Callers ask :func:`strategy_of` (a running trainer's)
@@ -15,7 +15,7 @@ split model whole (``whole_parameter_count``). No Lightning import: the checks r
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import zoo
 
@@ -23,6 +23,19 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from tasks.base import ZooTask
+
+
+class PipelineBatch(NamedTuple):
+    """A batch as pipeline stages take it: what a strategy that ``runs_pipeline`` asks of a pipelined
+    task (``ZooTask.pipeline_batch``). ``inputs`` for the first stage (token ids, (B, T)), ``extra``
+    for every stage (the padding mask or document ids: what its masks need; segment ids), ``target``
+    for the last stage's ``pipeline_loss`` (tensors of B rows: labels, and what else the loss reads),
+    and ``items``: how many losses the batch's loss averages."""
+
+    inputs: Tensor
+    extra: dict[str, Tensor]
+    target: dict[str, Tensor]
+    items: Tensor
 
 
 class ZooStrategy:
@@ -52,6 +65,16 @@ class ZooStrategy:
         """The parameters of ``module`` as the unsplit model holds them, on every process (a split
         strategy's may be a collective: every rank calls it)."""
         return zoo.count_parameters(module)
+
+    def local_parameter_count(self, module: nn.Module, *, trainable_only: bool = False) -> int:
+        """This process's parameters of ``module``, a layer it holds a share of counted as the unsplit
+        layer (the model summary's count, which one rank asks: never a collective)."""
+        return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+    def stats_model(self, model: zoo.ZooModel) -> zoo.ZooModel | zoo.ModelConfig:
+        """What ``zoo.stats`` reads for the FLOPs of the model this process trains: the model, or its
+        config where its layers hold a share (the throughput's FLOPs)."""
+        return model
 
 
 PLAIN = ZooStrategy()

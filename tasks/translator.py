@@ -16,7 +16,7 @@ from torchmetrics.text import BLEUScore
 import zoo
 from tasks.base import ZooTask, padding_mask
 from tasks.data.tokenizers import added_around
-from tasks.loggers import sample_block
+from tasks.run.loggers import sample_block
 from tasks.text_metrics import ChrF
 from zoo.beam_search import check_beams
 from zoo.ranges import FloatRange

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.callbacks import CrashCheckpoint
+from tasks.run.callbacks import CrashCheckpoint
 
 
 class Steps(L.LightningModule):

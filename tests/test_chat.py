@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import zoo
-from tasks.chat import end_of_turn, render_chat
+from tasks.chat.templates import end_of_turn, render_chat
 from tasks.cli.loading import load_task
 from tasks.data.tokenizers import Specials
 from tasks.errors import UserError

@@ -1,5 +1,5 @@
 """The GPU configuration, proven on the CPU (CI has no GPU): gradient clipping with fused optimizers under
-mixed precision (tasks.precision.clip_under_mixed_precision), every experiment on ``trainer=gpu`` with
+mixed precision (tasks.run.precision.clip_under_mixed_precision), every experiment on ``trainer=gpu`` with
 ``trainer.accelerator=cpu optimizer.fused=true``, every trainer file composed as its GPU use has it, and a
 failure while fitting ending the verb in one line with its traceback kept in the run directory."""
 

@@ -69,7 +69,7 @@ def test_a_training_step_reads_nothing_from_the_device_but_once_per_logging_inte
     counter = f"+callbacks.count_reads={{_target_:{__name__}.CountHostReads,name:{experiment}}}"
     cfg = compose_train(experiment, tmp_path, *GPU_ON_CPU, *SETTINGS, counter)
     with open_dict(cfg):
-        cfg.callbacks.rich_progress_bar = {"_target_": "tasks.callbacks.ProgressBar"}  # the bar a user sees
+        cfg.callbacks.rich_progress_bar = {"_target_": "tasks.run.callbacks.ProgressBar"}  # the bar a user sees
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.log_every_n_steps == N
     train(cfg)
     per_step = COUNTED[experiment] / (2 * N)

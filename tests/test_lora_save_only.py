@@ -12,10 +12,10 @@ from test_resume import _crash, _losses
 from test_tasks import compose_train
 
 import zoo
-from tasks.checkpoints import BASE_KEY
 from tasks.cli import export
 from tasks.cli.loading import load_task
 from tasks.cli.training import train
+from tasks.run.checkpoints import BASE_KEY
 
 pytestmark = pytest.mark.slow
 LORA = ["adapter=lora", "adapter.rank=4", "optimizer.lr=0.01"]

@@ -19,13 +19,13 @@ import pytest
 import torch
 from torch import nn
 
-import tasks.loggers
-from tasks.callbacks import UNWRITTEN_ROWS, CrashCheckpoint
-from tasks.checkpoints import ZooCheckpointIO
+import tasks.run.loggers
 from tasks.cli.boundary import one_line
 from tasks.data.loading import ListDataset, ResumableLoader, ShuffledBatchSampler
-from tasks.loggers import CSVLogger
-from tasks.run_dirs import RUN_MARKER, claim_run_dir, release_runs, remove_killed_writes
+from tasks.run.callbacks import UNWRITTEN_ROWS, CrashCheckpoint
+from tasks.run.checkpoints import ZooCheckpointIO
+from tasks.run.loggers import CSVLogger
+from tasks.run.run_dirs import RUN_MARKER, claim_run_dir, release_runs, remove_killed_writes
 
 STEPS = 8
 
@@ -93,7 +93,7 @@ def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return os.write(fd, data)
 
-    monkeypatch.setattr(tasks.loggers, "os", FullDisk())
+    monkeypatch.setattr(tasks.run.loggers, "os", FullDisk())
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
 from tasks.cli.training import setup_rows
 from tasks.generator import GeneratorTask
-from tasks.init_from import loaded_line
+from tasks.run.init_from import loaded_line
 
 
 def generate_config(*overrides: str):

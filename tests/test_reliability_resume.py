@@ -15,7 +15,7 @@ from real_commands import GPT, digest, one_line_error, run
 from test_tasks import compose_train
 
 from tasks.cli.training import train
-from tasks.run_dirs import RUN_MARKER
+from tasks.run.run_dirs import RUN_MARKER
 
 
 # ---- resume and Ctrl-C ------------------------------------------------------------------------------
@@ -70,8 +70,8 @@ def test_a_resume_into_its_own_directory_keeps_the_first_commands_record(tmp_pat
         f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
         extra=[
-            "++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}",
-            "++callbacks.rich_model_summary={_target_:tasks.callbacks.ModelSummary}",
+            "++callbacks.rich_progress_bar={_target_:tasks.run.callbacks.ProgressBar}",
+            "++callbacks.rich_model_summary={_target_:tasks.run.callbacks.ModelSummary}",
         ],
     )
     assert first.returncode == 0, first.stderr[-3000:]

@@ -14,10 +14,10 @@ import torch
 from test_tasks import compose_train
 
 import zoo
-from tasks.checkpoints import ZooCheckpointIO
 from tasks.cli.training import train
 from tasks.errors import DivergedError, UserError
-from tasks.run_dirs import RUN_MARKER, claim_fresh, claim_run_dir
+from tasks.run.checkpoints import ZooCheckpointIO
+from tasks.run.run_dirs import RUN_MARKER, claim_fresh, claim_run_dir
 
 
 # ---- run directories and checkpoint files: never lost -----------------------------------------------

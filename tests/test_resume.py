@@ -20,7 +20,7 @@ from test_tasks import compose_train
 
 from tasks.cli.training import train
 from tasks.data.loading import BucketBatchSampler, ListDataset, ResumableLoader, ShuffledBatchSampler
-from tasks.resume import ResumeState
+from tasks.run.resume import ResumeState
 
 LENGTHS = [(i * 37) % 101 + 1 for i in range(203)]  # 203: no world size below divides it
 
@@ -217,7 +217,7 @@ class CrashAt(L.Callback):
             raise RuntimeError(f"killed in step {self.step}")
 
 
-RESUMABLE = ["++callbacks.resume_state._target_=tasks.resume.ResumeState", "test=false"]
+RESUMABLE = ["++callbacks.resume_state._target_=tasks.run.resume.ResumeState", "test=false"]
 
 
 def _losses(experiment: str, out: Path, *extra: str) -> dict[int, float]:

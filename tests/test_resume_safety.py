@@ -24,12 +24,12 @@ from omegaconf import OmegaConf
 from test_reliability import GPT, digest, one_line_error, run
 
 import zoo
-from tasks.callbacks import ProgressBar
-from tasks.checkpoints import ZooCheckpointIO
 from tasks.cli.resuming import run_of, stored_config
 from tasks.errors import UserError
-from tasks.loggers import sample_block
-from tasks.run_dirs import RUN_MARKER
+from tasks.run.callbacks import ProgressBar
+from tasks.run.checkpoints import ZooCheckpointIO
+from tasks.run.loggers import sample_block
+from tasks.run.run_dirs import RUN_MARKER
 
 
 @pytest.fixture
@@ -304,7 +304,7 @@ def test_a_resumed_copy_reads_plainly_from_its_own_checkpoint(gpt_base, tmp_path
             "tasks.cli.train",
             f"resume={run_dir}",
             "trainer.max_steps=9",
-            "++callbacks.rich_progress_bar={_target_:tasks.callbacks.ProgressBar}",
+            "++callbacks.rich_progress_bar={_target_:tasks.run.callbacks.ProgressBar}",
         ],
         cwd=tmp_path,
         env=env,

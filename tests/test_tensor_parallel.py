@@ -21,8 +21,7 @@ from hydra.utils import instantiate
 from parallel_runs import losses, resume_both_ways, train
 
 import zoo
-from tasks import GeneratorTask, callbacks
-from tasks.callbacks import Throughput, WholeSummary
+from tasks import GeneratorTask
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
 from tasks.parallel.checks import check_tensor_parallel
@@ -36,6 +35,8 @@ from tasks.parallel.layers import (
     whole_parameter_count,
 )
 from tasks.parallel.tensor import TensorParallelStrategy
+from tasks.run import callbacks
+from tasks.run.callbacks import Throughput, WholeSummary
 from zoo.sublayer import Sublayer
 
 # ---- the layout: each rank holds its slice of every segment ------------------------------------------

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tasks.callbacks import Throughput
+from tasks.run.callbacks import Throughput
 from zoo.stats import peak_flops
 
 SXM, NVL, PCIE = 989.4e12, 835.5e12, 756e12  # dense bf16, NVIDIA's datasheets (their sparse figures are twice these)

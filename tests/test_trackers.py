@@ -1,4 +1,4 @@
-"""logger=mlflow and logger=wandb (tasks/trackers.py): a run, its resume and a two-job grid read back
+"""logger=mlflow and logger=wandb (tasks/run/trackers.py): a run, its resume and a two-job grid read back
 through the trackers' own readers — MLflow's client on the SQLite store, W&B's offline files."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_wandb_offline_tracks_a_run_and_its_resume_in_the_same_run(tmp_path):
 def test_how_a_run_ended_is_told_from_the_exception_being_handled():
     from hydra_plugins.zoo_optuna_sweeper._study import Pruned
     from tasks.errors import DivergedError
-    from tasks.trackers import how_it_ended
+    from tasks.run.trackers import how_it_ended
 
     assert how_it_ended("success") == ("FINISHED", "finished")
     ended = {
@@ -164,7 +164,7 @@ def test_how_a_run_ended_is_told_from_the_exception_being_handled():
 @pytest.mark.parametrize("text", ['{"where": "w", "run_id": "../../etc"}', "not json", '["w"]', '{"where": "w"}'])
 def test_a_run_record_that_zoo_did_not_write_is_refused_in_one_line(text, tmp_path):
     from tasks.errors import UserError
-    from tasks.trackers import known_run
+    from tasks.run.trackers import known_run
 
     (tmp_path / "mlflow.json").write_text(text)
     with pytest.raises(UserError, match="mlflow.json: .*; move it away to start a new tracked run"):

@@ -4,10 +4,8 @@ here once; the report reads what the sweeper wrote by these same names."""
 
 # How a job learns that it is an Optuna trial: callbacks.TrialOfTheJob sets these in the job's process
 # (from the sweep directory's RESULTS and the job's number), and the DDP processes Lightning starts from
-# the job inherit them. RAISE_ERRORS_ENV (zoo-train's, read by tasks.cli.train): the job's error reaches
-# the sweeper, which records it as the trial's failure, instead of ending in one line.
+# the job inherit them (and zoo-train's tasks.errors.RAISE_ERRORS_ENV, its side of the contract).
 STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "ZOO_OPTUNA_STORAGE", "ZOO_OPTUNA_STUDY", "ZOO_OPTUNA_TRIAL"
-RAISE_ERRORS_ENV = "ZOO_RAISE_ERRORS"
 
 RESULTS = "optimization_results.yaml"  # in the sweep directory: the study it belongs to, its best trial, counts
 

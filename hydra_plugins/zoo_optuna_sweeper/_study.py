@@ -90,13 +90,13 @@ def open_trial(storage_url: str, study_name: str, number: int) -> optuna.trial.T
 
 class Pruned(optuna.TrialPruned, EndedOnPurpose):
     """The trial was pruned (the sweeper records it as PRUNED). No crash, so the run leaves no
-    on_exception.ckpt (see tasks.callbacks.CrashCheckpoint)."""
+    on_exception.ckpt (see tasks.run.callbacks.CrashCheckpoint)."""
 
 
 class PrunedOnARankAbove0(Pruned):
     """The trial was pruned, seen from a DDP process that Lightning started for a trial's job: the
     job's own process (rank 0) tells the sweeper. ``exit_quietly``: the verb ends this process
-    cleanly (see _names.RAISE_ERRORS_ENV), as Lightning kills the job's process when one
+    cleanly (see tasks.errors.RAISE_ERRORS_ENV), as Lightning kills the job's process when one
     of the processes it started fails."""
 
     exit_quietly = True

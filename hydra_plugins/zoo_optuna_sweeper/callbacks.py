@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV, RESULTS, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
+from hydra_plugins.zoo_optuna_sweeper._names import RESULTS, STORAGE_ENV, STUDY_ENV, TRIAL_ENV
 
 SWEEPER = "hydra_plugins.zoo_optuna_sweeper.sweeper.ZooOptunaSweeper"
 
@@ -36,6 +36,7 @@ class TrialOfTheJob(Callback):
         if hydra.mode != RunMode.MULTIRUN or OmegaConf.select(hydra, "sweeper._target_") != SWEEPER:
             return
         from hydra_plugins.zoo_optuna_sweeper._files import read_yaml
+        from tasks.errors import RAISE_ERRORS_ENV  # zoo-train's side of the contract (not on the plugin scan)
 
         results = read_yaml(Path(str(hydra.sweep.dir)) / RESULTS, "start the sweep again")
         os.environ.update(
@@ -48,6 +49,8 @@ class TrialOfTheJob(Callback):
         )
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from tasks.errors import RAISE_ERRORS_ENV
+
         for key in (STORAGE_ENV, STUDY_ENV, TRIAL_ENV, RAISE_ERRORS_ENV):  # the next job in this process is its own
             os.environ.pop(key, None)
 

@@ -94,7 +94,7 @@ def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]
     Quick mode shrinks the run to a few steps.
     """
     from tasks.cli.training import train
-    from tasks.run_dirs import claim_fresh
+    from tasks.run.run_dirs import claim_fresh
 
     run_dir = claim_fresh(ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name))  # a name Hydra's grammar takes
     args = [

@@ -81,7 +81,7 @@ PART_BYTES = 4 * MB  # about this much text per .txt file of a corpus
 CACHE_PER_TEXT = 1.0  # prepared bytes per corpus byte, at most: uint16 ids (~0.65) + one int64 end per line (~0.2)
 HEADROOM = 256 * MB  # runs, checkpoints, logs
 POLL_S = 0.1
-START_LINE = "Parameters:"  # tasks.callbacks.ModelSummary, printed when fitting starts
+START_LINE = "Parameters:"  # tasks.run.callbacks.ModelSummary, printed when fitting starts
 QUICK = ["data.vocab_size=512", "data.seq_len=32", "model.d_model=32", "model.n_heads=2"]
 TOKENIZER_BYTES = 16 * MB  # of a corpus' text the tokenizer alone is timed on
 GOALS = {"rss_ratio": 1.10, "prepare_mb_per_s_per_core": 5.0, "loader_tokens_per_s": 5_000_000, "start_s": 10.0}

@@ -17,8 +17,8 @@ import zoo
 from tasks import TASKS, ZooTask
 from tasks.cli.schemas import model_config
 from tasks.cli.values import check_model, check_values
-from tasks.init_from import no_base_error
 from tasks.optim import optimizer_settings
+from tasks.run.init_from import no_base_error
 from tasks.strategy import ZooStrategy, strategy_class
 from zoo.generation import free_bytes
 

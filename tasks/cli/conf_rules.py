@@ -4,6 +4,8 @@ from its YAML files (and the data modules' schemas), so that ``resume=`` builds 
 A place is a key path (``("callbacks", "model_checkpoint")``). A run that zoo-train composed from
 conf/ and ``key=value`` overrides has its targets exactly where conf/ puts them; a checkpoint's
 config that has one anywhere else, or another one, did not come from zoo-train (or was changed).
+A class that moved leaves no old module behind: its old ``_target_`` is mapped to its home here
+(:data:`MOVED`, ``moved``), so a run stored before the move resumes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,39 @@ RUN_DIR = "${paths.output_dir}"  # how conf/ names the run directory
 PLAIN_NODES: frozenset[Place] = frozenset({("data",), ("task",)})
 """Nodes built from plain values (not recursively): their settings are data (paths the data module
 reads, a task's free text such as a sample prompt), so they are not held to file names."""
+
+
+MOVED: dict[str, str] = {
+    "tasks.parallel.TensorParallelStrategy": "tasks.parallel.tensor.TensorParallelStrategy",
+    "tasks.pipeline.PipelineParallelStrategy": "tasks.parallel.pipeline.PipelineParallelStrategy",
+    "tasks.callbacks.ProgressBar": "tasks.run.callbacks.ProgressBar",
+    "tasks.callbacks.ModelSummary": "tasks.run.callbacks.ModelSummary",
+    "tasks.callbacks.CrashCheckpoint": "tasks.run.callbacks.CrashCheckpoint",
+    "tasks.callbacks.Throughput": "tasks.run.callbacks.Throughput",
+    "tasks.callbacks.StopOnNonFinite": "tasks.run.callbacks.StopOnNonFinite",
+    "tasks.resume.ResumeState": "tasks.run.resume.ResumeState",
+    "tasks.loggers.CSVLogger": "tasks.run.loggers.CSVLogger",
+    "tasks.trackers.MLflowLogger": "tasks.run.trackers.MLflowLogger",
+    "tasks.trackers.WandbLogger": "tasks.run.trackers.WandbLogger",
+    "tasks.GeneratorTask": "tasks.generator.GeneratorTask",
+    "tasks.ClassifierTask": "tasks.classifier.ClassifierTask",
+    "tasks.MLMTask": "tasks.mlm.MLMTask",
+    "tasks.TranslatorTask": "tasks.translator.TranslatorTask",
+    "tasks.data.LMDataModule": "tasks.data.modules.LMDataModule",
+    "tasks.data.ClassificationDataModule": "tasks.data.modules.ClassificationDataModule",
+    "tasks.data.MLMDataModule": "tasks.data.modules.MLMDataModule",
+    "tasks.data.TranslationDataModule": "tasks.data.modules.TranslationDataModule",
+}
+"""The ``_target_``s that run configs stored before a class moved name -> where it lives now."""
+
+
+def moved(config: Any) -> Any:
+    """``config`` (plain data, a stored run config) with every ``_target_`` of :data:`MOVED` at its new home."""
+    if isinstance(config, dict):
+        return {k: MOVED.get(v, v) if k == "_target_" and isinstance(v, str) else moved(v) for k, v in config.items()}
+    if isinstance(config, list):
+        return [moved(v) for v in config]
+    return config
 
 
 @dataclass(frozen=True)

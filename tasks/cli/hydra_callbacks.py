@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tasks.run_dirs import claim_fresh, holds_a_run
+from tasks.run.run_dirs import claim_fresh, holds_a_run
 
 
 class FreshRunDir(Callback):

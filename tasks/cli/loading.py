@@ -12,9 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.checkpoints import with_base
 from tasks.data import DATA_MODULES, TextDataModule
 from tasks.errors import UserError
+from tasks.run.checkpoints import with_base
 
 
 def run_info(cfg: DictConfig, task_name: str) -> dict[str, Any]:

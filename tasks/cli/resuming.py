@@ -21,11 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import zoo
-from tasks.checkpoints import checkpoint_step
-from tasks.cli.conf_rules import RUN_DIR, conf_rules
+from tasks.cli.conf_rules import RUN_DIR, conf_rules, moved
 from tasks.cli.loading import read_checkpoint
 from tasks.cli.schemas import conf_dir
 from tasks.errors import UserError
+from tasks.run.checkpoints import checkpoint_step
 
 CHECKPOINTS = ("on_exception.ckpt", "last.ckpt")  # what a run leaves to resume from; last.ckpt wins a tie
 
@@ -87,6 +87,7 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
 def stored_config(text: str, ckpt: Path, run_dir: Path) -> DictConfig:
     """The run config a checkpoint holds (``config_yaml``), as data for a run in ``run_dir``:
 
+    - a ``_target_`` of a class that moved since is read as its new home (``conf_rules.MOVED``);
     - refused (CheckpointError, before anything is built) when it names code that zoo's conf/ does
       not name there: a ``_target_`` elsewhere or of another value, a node that names code by an
       argument (``hydra.utils.get_class``) changed, or a path where conf/ gives a file name;
@@ -104,6 +105,7 @@ def stored_config(text: str, ckpt: Path, run_dir: Path) -> DictConfig:
             f"resume={ckpt}: its stored config (zoo_run.config_yaml) cannot be read "
             f"({reason[:160]}); use a checkpoint zoo-train wrote"
         ) from None
+    raw = moved(raw)  # the classes that moved since the run was stored, at their homes
     paths = raw.get("paths") if isinstance(raw, dict) else None
     old_dir = paths.get("output_dir") if isinstance(paths, dict) else None
     if not isinstance(old_dir, str):

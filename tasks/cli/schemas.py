@@ -55,7 +55,7 @@ def register_data_schemas() -> None:
     lives in one place (tasks/data/settings.py). Values stay untyped here: ``check_values`` and
     the module refuse a bad one in one line that names it (Hydra's own type errors do not)."""
     for name, settings in SETTINGS.items():
-        fields = {"_target_": ("_target_", str, dataclasses.field(default=f"tasks.data.{name}"))}
+        fields = {"_target_": ("_target_", str, dataclasses.field(default=f"tasks.data.modules.{name}"))}
         for f in dataclasses.fields(settings):
             if f.default_factory is not dataclasses.MISSING:
                 field = dataclasses.field(default_factory=f.default_factory)  # source_args: {} to add keys to

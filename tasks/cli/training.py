@@ -23,10 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 import zoo
-from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV
 from tasks import TASKS
-from tasks.callbacks import CrashCheckpoint, ValidateAtTheEnd
-from tasks.checkpoints import ZooCheckpointIO
 from tasks.cli.boundary import one_line, user_errors
 from tasks.cli.card import describe_model
 from tasks.cli.checks import check_export, check_same_model, data_sizes, task_class
@@ -34,11 +31,13 @@ from tasks.cli.console import quiet_libraries
 from tasks.cli.loading import run_info
 from tasks.cli.plan import RunPlan, plan_run
 from tasks.cli.resuming import resumed_config
-from tasks.errors import EndedOnPurpose, RunFailed
-from tasks.loggers import CSVLogger
+from tasks.errors import RAISE_ERRORS_ENV, EndedOnPurpose, RunFailed
 from tasks.optim import check_same_optimizer, optimizer_name
-from tasks.resume import validation_again
-from tasks.run_dirs import claim_run_dir, release_runs
+from tasks.run.callbacks import CrashCheckpoint, ValidateAtTheEnd
+from tasks.run.checkpoints import ZooCheckpointIO
+from tasks.run.loggers import CSVLogger
+from tasks.run.resume import validation_again
+from tasks.run.run_dirs import claim_run_dir, release_runs
 from tasks.strategy import strategy_of
 
 
@@ -285,7 +284,7 @@ def summarize(
             table.add_row(name, f"{metrics[name]:.4f}")
     if "perf/tokens_per_s" in metrics:  # to compare with the README's figures on another machine
         table.add_row("training speed", f"{metrics['perf/tokens_per_s']:,.0f} tokens/s (the last window)")
-    if "perf/mfu" in metrics:  # where the device's peak is known (tasks.callbacks.Throughput)
+    if "perf/mfu" in metrics:  # where the device's peak is known (tasks.run.callbacks.Throughput)
         table.add_row(
             "MFU", f"{metrics['perf/mfu']:.1%} of the devices' peak FLOP/s (the last window), attention counted whole"
         )

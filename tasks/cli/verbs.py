@@ -14,12 +14,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.zoo_optuna_sweeper._names import RAISE_ERRORS_ENV
 from tasks.cli.boundary import hydra_errors, user_errors
 from tasks.cli.console import quote_free_text
 from tasks.cli.schemas import conf_dir, register_configs, register_data_schemas
 from tasks.cli.values import check_model, check_values
-from tasks.run_dirs import evals_dir
+from tasks.errors import RAISE_ERRORS_ENV
+from tasks.run.run_dirs import evals_dir
 
 
 def train() -> float | None:

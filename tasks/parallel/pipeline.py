@@ -23,41 +23,25 @@ from __future__ import annotations
 import itertools
 import warnings
 from datetime import timedelta
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader, DistributedSampler
 
 import zoo
 from tasks.base import ZooTask
-from tasks.data.loading import EpochBatchSampler
-from tasks.strategy import ZooStrategy
+from tasks.parallel.base import SplitStrategy
 from zoo.pipeline import Stage, check_pipeline, tied_embedding
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-class PipelineBatch(NamedTuple):
-    """A batch as the stages take it (a task's ``pipeline_batch``): ``inputs`` for the first stage
-    (token ids, (B, T)), ``extra`` for every stage (the padding mask or document ids: what its masks
-    need; segment ids), ``target`` for the last stage's ``pipeline_loss`` (tensors of B rows: labels,
-    and what else the loss reads), and ``items``: how many losses the batch's loss averages."""
-
-    inputs: Tensor
-    extra: dict[str, Tensor]
-    target: dict[str, Tensor]
-    items: Tensor
-
-
-class PipelineParallelStrategy(ModelParallelStrategy, ZooStrategy):
+class PipelineParallelStrategy(SplitStrategy):
     """``trainer=pp``: one pipeline stage per device of one node. ``schedule``: gpipe or 1f1b;
     ``microbatches``: how many each batch is cut into (the largest divisor of the batch size up to
     it; at least the number of stages keeps every stage busy in 1F1B, which falls back to GPipe
@@ -233,30 +217,12 @@ class PipelineParallelStrategy(ModelParallelStrategy, ZooStrategy):
         return int(total)
 
     # ---- every rank reads every batch -------------------------------------------------------------
-    def process_dataloader(self, dataloader: object) -> object:
-        """The data modules shard by the process group's size (tasks.data.loading.world_rank), which
-        here counts the stages: make this loader read the whole split on every rank."""
-        if isinstance(dataloader, DataLoader):
-            if isinstance(dataloader.batch_sampler, EpochBatchSampler):
-                dataloader.batch_sampler.world, dataloader.batch_sampler.rank = 1, 0
-            elif isinstance(dataloader.sampler, DistributedSampler):
-                sampler = dataloader.sampler
-                sampler.num_replicas, sampler.rank = 1, 0
-                sampler.num_samples = sampler.total_size = len(sampler.dataset)
-        return dataloader
+    @property
+    def replicas(self) -> tuple[int, int]:
+        """One replica: every stage reads every batch."""
+        return 1, 0
 
     # ---- clipping by the whole model's norm ---------------------------------------------------------
-    @property
-    def precision_plugin(self) -> Precision:
-        return super().precision_plugin
-
-    @precision_plugin.setter
-    def precision_plugin(self, plugin: Precision | None) -> None:
-        """Lightning's clipping by norm would see one stage's gradients: it becomes ``clip_grad_by_norm``."""
-        if plugin is not None:
-            plugin.clip_grad_by_norm = self.clip_grad_by_norm
-        self._precision_plugin = plugin
-
     def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
         """Clip by the norm of every stage's gradients, the tied copy on the last stage counted once."""
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -298,33 +264,22 @@ class PipelineParallelStrategy(ModelParallelStrategy, ZooStrategy):
         ]
         return {"state": {index[n]: entry for n, entry in found.items()}, "param_groups": groups}
 
-    @property
-    def lightning_restore_optimizer(self) -> bool:
-        return True
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """A whole checkpoint, read by the trainer's CheckpointIO."""
-        return self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=weights_only)
-
-    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+    def own_model_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The tensors of this rank's stage."""
         own = self.lightning_module.state_dict()
-        state = {k: v for k, v in checkpoint["state_dict"].items() if k in own}
-        Strategy.load_model_state_dict(self, {"state_dict": state}, strict=strict)
+        return {k: v for k, v in state.items() if k in own}
 
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        states = []
-        for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"], strict=False):
-            names = self._named_groups(optimizer)
-            index = _whole_order(self._gathered(names, everyone=True))
-            local = [n for group in names for n in group]
-            entries = {i: saved["state"][index[n]] for i, n in enumerate(local) if index[n] in saved["state"]}
-            bounds = [0, *itertools.accumulate(len(group) for group in names)]
-            groups = [
-                {**group, "params": list(range(bounds[i], bounds[i + 1]))}
-                for i, group in enumerate(saved["param_groups"])
-            ]
-            states.append({"state": entries, "param_groups": groups})
-        Strategy.load_optimizer_state_dict(self, {"optimizer_states": states})
+    def own_optimizer_state(self, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+        """The entries of this stage's parameters, renumbered from the whole model's order to the stage's."""
+        names = self._named_groups(optimizer)
+        index = _whole_order(self._gathered(names, everyone=True))
+        local = [n for group in names for n in group]
+        entries = {i: state["state"][index[n]] for i, n in enumerate(local) if index[n] in state["state"]}
+        bounds = [0, *itertools.accumulate(len(group) for group in names)]
+        groups = [
+            {**group, "params": list(range(bounds[i], bounds[i + 1]))} for i, group in enumerate(state["param_groups"])
+        ]
+        return {"state": entries, "param_groups": groups}
 
     def _named_groups(self, optimizer: Optimizer) -> list[list[str]]:
         """Each param group's parameters by name in the task."""

@@ -27,7 +27,6 @@ Not done: nodes beyond one, pipeline stages."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
@@ -36,16 +35,13 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import Tensor
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader, DistributedSampler
 
 import zoo
 from tasks.base import ZooTask
-from tasks.data.loading import EpochBatchSampler
+from tasks.parallel.base import SplitStrategy
 from tasks.parallel.checks import check_data_parallel, check_devices, check_sequence_parallel, check_tensor_parallel
 from tasks.parallel.fsdp import local, shard_like, shard_replicas, sum_over_group, whole_over_replicas
 from tasks.parallel.layers import (
@@ -57,22 +53,11 @@ from tasks.parallel.layers import (
     split_model,
     whole_parameter_count,
 )
-from tasks.strategy import ZooStrategy
 
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)  # each entry's update reads its own state
 
 
-def reshard(sampler: DistributedSampler, replicas: int, rank: int) -> None:
-    """Make ``sampler`` give replica ``rank`` of ``replicas`` its share, counted as DistributedSampler's
-    constructor counts it (padded to equal shares, or cut to them with ``drop_last``)."""
-    n = len(sampler.dataset)
-    sampler.num_replicas, sampler.rank = replicas, rank
-    uneven = sampler.drop_last and n % replicas
-    sampler.num_samples = math.ceil((n - replicas) / replicas) if uneven else math.ceil(n / replicas)
-    sampler.total_size = sampler.num_samples * replicas
-
-
-class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
+class TensorParallelStrategy(SplitStrategy):
     """``trainer=tp``: ModelParallelStrategy over the devices of one node, as R data-parallel replicas of
     one tensor-parallel group each. ``ZooTask.configure_model`` asks it to split the model
     (``parallelize``).
@@ -114,6 +99,10 @@ class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
         self._group_summed: list[torch.nn.Parameter] = []  # fsdp: summed over the group after backward
 
     whole_parameter_count = staticmethod(whole_parameter_count)  # the run summary's count (tasks.cli.train)
+    local_parameter_count = staticmethod(whole_parameter_count)  # the model summary's: a rank's, cut layers whole
+
+    def stats_model(self, model: zoo.ZooModel) -> zoo.ZooModel | zoo.ModelConfig:
+        return model.config if cut_parameters(model) else model  # split: the layers hold one rank's share
 
     @classmethod
     def check_model(cls, model: zoo.ZooModel, devices: int, **settings: Any) -> None:
@@ -196,17 +185,6 @@ class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
                 )
 
     # ---- data parallelism: each replica its batches, gradients averaged over the replicas -----------
-    def process_dataloader(self, dataloader: object) -> object:
-        """The data modules shard by the process group's size and rank (tasks.data.loading.world_rank):
-        make this loader read this replica's share instead, the same on every rank of a group."""
-        replicas, replica = self.replicas
-        if isinstance(dataloader, DataLoader):
-            if isinstance(dataloader.batch_sampler, EpochBatchSampler):
-                dataloader.batch_sampler.world, dataloader.batch_sampler.rank = replicas, replica
-            elif isinstance(dataloader.sampler, DistributedSampler):
-                reshard(dataloader.sampler, replicas, replica)
-        return dataloader
-
     def optimizer_step(
         self, optimizer: Optimizer, closure: Any, model: L.LightningModule | None = None, **kwargs: Any
     ) -> Any:
@@ -227,18 +205,6 @@ class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
         return super().optimizer_step(optimizer, backward_then_average, model, **kwargs)
 
     # ---- clipping by the whole model's norm ---------------------------------------------------------
-    @property
-    def precision_plugin(self) -> Precision:
-        return super().precision_plugin
-
-    @precision_plugin.setter
-    def precision_plugin(self, plugin: Precision | None) -> None:
-        """Lightning hands the trainer's precision plugin over here; its clipping by norm, which would
-        see this rank's slices as whole tensors, becomes ``clip_grad_by_norm``."""
-        if plugin is not None:
-            plugin.clip_grad_by_norm = self.clip_grad_by_norm
-        self._precision_plugin = plugin
-
     def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not params:
@@ -269,27 +235,13 @@ class TensorParallelStrategy(ModelParallelStrategy, ZooStrategy):
         state = self._converted(optimizer, optimizer.state_dict(), lambda p, layer, v: whole(layer, v))
         return state if self.is_global_zero else {}
 
-    @property
-    def lightning_restore_optimizer(self) -> bool:
-        return True
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """A full checkpoint, read by the trainer's CheckpointIO (ModelParallelStrategy's own reader
-        takes DTensor models and sharded folders)."""
-        return self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=weights_only)
-
-    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+    def own_model_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """This rank's slice of each cut tensor (fsdp: and its shard of every tensor)."""
         layers, current = sharded_tensors(self.lightning_module), self.lightning_module.state_dict()
-        state = {k: part(layers.get(k), v, current.get(k)) for k, v in checkpoint["state_dict"].items()}
-        Strategy.load_model_state_dict(self, {"state_dict": state}, strict=strict)
+        return {k: part(layers.get(k), v, current.get(k)) for k, v in state.items()}
 
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        saved = zip(self.optimizers, checkpoint["optimizer_states"], strict=False)
-        states = [
-            self._converted(optimizer, state, lambda p, layer, v: part(layer, v, p)) for optimizer, state in saved
-        ]
-        Strategy.load_optimizer_state_dict(self, {"optimizer_states": states})
+    def own_optimizer_state(self, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+        return self._converted(optimizer, state, lambda p, layer, v: part(layer, v, p))
 
     def _converted(
         self,

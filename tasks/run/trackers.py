@@ -3,7 +3,7 @@ each beside the run's ``metrics.csv`` (conf/logger/ composes them with ``csv``).
 
 What both log: the run's resolved ``config.yaml`` (zoo's, not the task's hyperparameters, which hold a
 tokenizer), flattened as parameters; every logged row, numbered as ``metrics.csv`` numbers it (the
-optimizer steps taken, ``tasks.loggers.zoo_step``); the run directory and the command's overrides.
+optimizer steps taken, ``tasks.run.loggers.zoo_step``); the run directory and the command's overrides.
 A grid or an Optuna sweep groups its jobs (one MLflow experiment, or one W&B group, per sweep folder).
 
 A resumed run continues the same tracked run: its id is kept in the run directory
@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 
 from tasks.errors import EndedOnPurpose, UserError
-from tasks.loggers import zoo_step
+from tasks.run.loggers import zoo_step
 from zoo.io import atomic_write_text
 
 RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")

@@ -1,6 +1,6 @@
 """A chat model's own chat template, rendered in a sandbox: the template comes from a handed file (a GGUF
 file's ``tokenizer.chat_template``, an HF folder's chat_template.jinja), so it is text to fill, never
-code to run. It is rendered in a process of its own (``tasks/chat_sandbox.py``), bounded in time,
+code to run. It is rendered in a process of its own (``tasks/chat/sandbox.py``), bounded in time,
 memory and length: Jinja's immutable sandbox refuses every attribute that reaches Python's insides
 (``__class__``, ``__globals__`` …) and every change to an object; no loader is set, so ``include`` and
 ``import`` find nothing; the template sees the messages, the special tokens and two helpers
@@ -23,7 +23,7 @@ from tasks.errors import UserError
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>")
 """Tokens chat templates end a turn with (ChatML, Llama 3, Gemma, Phi, GPT-2's, SentencePiece's eos)."""
 
-SANDBOX = Path(__file__).with_name("chat_sandbox.py")
+SANDBOX = Path(__file__).with_name("sandbox.py")
 RENDER_SECONDS = 10.0
 """The wall-clock budget of one rendering (a real template takes milliseconds; the process starts in ~0.1 s)."""
 CHARS_PER_POSITION = 16

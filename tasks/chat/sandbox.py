@@ -1,7 +1,7 @@
 """A handed chat template rendered in a process of its own, bounded in time, memory and output.
 
-``tasks.chat.render_chat`` runs this file as a script (``python -P tasks/chat_sandbox.py``: only the
-standard library and jinja2 are imported, nothing of zoo's) with the template and the conversation as
+``tasks.chat.templates.render_chat`` runs this file as a script (``python -P tasks/chat/sandbox.py``:
+only the standard library and jinja2 are imported, nothing of zoo's) with the template and the conversation as
 JSON on stdin; it prints one JSON object: ``{"text": …}`` or ``{"error": …}``. The process limits its
 own address space and CPU time, and the parent kills it after a wall-clock budget, so a template that
 loops, recurses or multiplies strings ends as a message, never as a hang or a lost parent.

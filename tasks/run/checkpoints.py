@@ -4,7 +4,7 @@
   the final one) is atomic and refuses non-finite weights; every load goes through
   ``zoo.load_weights_file`` (weights only, no URLs); it removes only checkpoints this run wrote
   or that lie in its own checkpoint folder.
-- A run's claim on its directory is tasks/run_dirs.py's (``claim_run_dir``).
+- A run's claim on its directory is tasks/run/run_dirs.py's (``claim_run_dir``).
 - ``base_reference`` and ``with_base``: a LoRA run with ``adapter.save=only`` writes checkpoints
   without its frozen base tensors, naming instead where they came from (``init_from``) and their
   sha256; every load puts them back from there, and refuses a base that is missing or changed.

@@ -17,9 +17,16 @@ from torchmetrics import Metric, MetricCollection
 
 import zoo
 from tasks.errors import DivergedError, EndedOnPurpose
-from tasks.loggers import CSVLogger
-from tasks.parallel.layers import cut_parameters, whole_parameter_count
-from tasks.resume import ResumeState, at_boundary, crashing, unfinished_batches, validates_by_interval, validation_again
+from tasks.run.loggers import CSVLogger
+from tasks.run.resume import (
+    ResumeState,
+    at_boundary,
+    crashing,
+    unfinished_batches,
+    validates_by_interval,
+    validation_again,
+)
+from tasks.strategy import strategy_of
 from zoo.stats import peak_flops
 
 
@@ -82,7 +89,7 @@ class Throughput(L.Callback):
             self._sync(trainer)
             self._start = time.perf_counter()
         ids = batch["input_ids"]
-        whole, causal = self._flops(pl_module, ids.shape[1])
+        whole, causal = self._flops(trainer, pl_module, ids.shape[1])
         tokens = ids.numel() + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
         self._tokens += tokens
         self._flop_total += ids.numel() * whole
@@ -120,11 +127,10 @@ class Throughput(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
-    def _flops(self, pl_module: L.LightningModule, seq_len: int) -> tuple[int, int]:
+    def _flops(self, trainer: L.Trainer, pl_module: L.LightningModule, seq_len: int) -> tuple[int, int]:
         """Training FLOPs per token at ``seq_len``: (attention counted whole, causal attention at half)."""
         if seq_len not in self._flops_per_token:  # the model itself: no meta copy built per new length
-            model = pl_module.model  # split by trainer=tp: its config (the layers hold one rank's share)
-            counted = zoo.stats(model.config if cut_parameters(model) else model, seq_len=seq_len)
+            counted = zoo.stats(strategy_of(trainer).stats_model(pl_module.model), seq_len=seq_len)  # tp: its config
             self._flops_per_token[seq_len] = (counted.flops_per_token_train, counted.flops_per_token_train_causal)
         return self._flops_per_token[seq_len]
 
@@ -236,20 +242,21 @@ class ModelSummary(RichModelSummary):
 
 class WholeSummary(Summary):
     """Lightning's model summary with each layer's and the model's parameters counted as one process
-    holds them unsplit (tasks.parallel.layers.whole_parameter_count): under trainer=tp, not this rank's
+    holds them unsplit (the strategy's ``local_parameter_count``): under trainer=tp, not this rank's
     share."""
 
     @property
     def param_nums(self) -> list[int]:
-        return [whole_parameter_count(layer._module) for layer in self._layer_summary.values()]
+        count = strategy_of(self._model._trainer).local_parameter_count
+        return [count(layer._module) for layer in self._layer_summary.values()]
 
     @property
     def total_parameters(self) -> int:
-        return whole_parameter_count(self._model)
+        return strategy_of(self._model._trainer).local_parameter_count(self._model)
 
     @property
     def trainable_parameters(self) -> int:
-        return whole_parameter_count(self._model, trainable_only=True)
+        return strategy_of(self._model._trainer).local_parameter_count(self._model, trainable_only=True)
 
 
 UNWRITTEN_ROWS = "zoo_unwritten_metrics"
@@ -280,7 +287,7 @@ class CrashCheckpoint(L.Callback):
         self.start_step = trainer.global_step  # after a resume: the step it resumed at
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Keep the metrics rows a failed write left unwritten (tasks.loggers.CSVLogger) in the checkpoint,
+        """Keep the metrics rows a failed write left unwritten (tasks.run.loggers.CSVLogger) in the checkpoint,
         so that the resumed run writes them: every step's row once, none lost."""
         rows = [row for logger in trainer.loggers if isinstance(logger, CSVLogger) for row in logger.unwritten_rows()]
         if rows:
@@ -457,7 +464,7 @@ class StopOnNonFinite(L.Callback):
 def _diverged(trainer: L.Trainer, what: str, step: int | None = None) -> str:
     """The one line of a DivergedError: the step (default the current one), what was not finite, whether
     the weights still are, the checkpoint to go back to, and what to change."""
-    from tasks.checkpoints import non_finite
+    from tasks.run.checkpoints import non_finite
 
     last = next(
         (

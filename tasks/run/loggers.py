@@ -135,7 +135,7 @@ class CSVLogger(LightningCSVLogger):
     def resume_at(self, step: int, validation_again: bool = False) -> int:
         """Drop the rows that a run resumed from a checkpoint of global step ``step`` logs again
         (``logged_again``); returns how many were dropped. ``validation_again``: the resumed run starts
-        with the validation after ``step`` (one the interrupt stopped, ``tasks.resume.validation_again``)."""
+        with the validation after ``step`` (one the interrupt stopped, ``tasks.run.resume.validation_again``)."""
         path = Path(self.experiment.metrics_file_path)
         if not path.is_file():
             return 0
