@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "data.py"
 MB = 2**20
 
@@ -21,6 +23,7 @@ def _bench():
     return module
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: CI's slow pass runs it
 def test_quick_mode_runs_zoo_train_twice_on_a_corpus_and_writes_sane_rows(tmp_path, capsys):
     out, work = tmp_path / "rows.json", tmp_path / "work"
     assert _bench().main(["--quick", "--work", str(work), "--out", str(out)]) == 0, capsys.readouterr().out[-3000:]

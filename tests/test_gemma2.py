@@ -115,6 +115,7 @@ def test_every_kernel_agrees_with_sdpa_under_a_pattern(kernel):
         torch.testing.assert_close(_patterned(attention=kernel)(x, mask), _patterned()(x, mask), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: CI's slow pass runs it
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
 def test_cached_decoding_under_a_pattern_equals_full_recompute(arch):
     model = _patterned(arch=arch, value_residual=True)

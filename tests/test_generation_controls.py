@@ -100,6 +100,7 @@ def test_defaults_return_the_logits_unchanged():
 
 
 # ---- generate ----------------------------------------------------------------------------------
+@pytest.mark.slow  # tens of seconds on 2 cores: CI's slow pass runs it
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("n", [2, 3])
 def test_greedy_never_repeats_an_ngram_it_bans(arch, n):

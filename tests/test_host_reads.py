@@ -59,6 +59,7 @@ SETTINGS = [  # steps N .. 3N in one epoch with no validation, at the default lo
 ]
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: CI's slow pass runs it
 @pytest.mark.parametrize("experiment", list(TINY))
 def test_a_training_step_reads_nothing_from_the_device_but_once_per_logging_interval(experiment, tmp_path):
     """At most 0.25 reads per step at the default interval of 10. Measured (CPU): 0.20 for every

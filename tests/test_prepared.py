@@ -164,6 +164,7 @@ def test_a_full_disk_during_preparation_leaves_nothing_under_the_final_name(tmp_
     assert stores(cache) == [] and [p for p in (cache / "tokens").iterdir() if p.name.endswith(".tmp")] == []
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: CI's slow pass runs it
 def test_two_processes_preparing_one_corpus_at_once_agree(tmp_path):
     text, cache = corpus(tmp_path / "text"), tmp_path / "cache"
     code = textwrap.dedent(
