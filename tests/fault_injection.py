@@ -19,11 +19,14 @@ import lightning as L
 import torch
 
 PHASES = (
+    "setup",  # as the attempt is set up, before a checkpoint is restored or a batch read (any step: 0)
+    "epoch_start",  # as the epoch whose first step it is starts, before its first batch is read
     "fetch",  # inside the train loader's fetch of the step's (last) batch, before it is handed out
     "forward",  # before the forward of the step's last micro-batch (its earlier ones have their gradients)
     "backward",  # inside the backward of the step's last micro-batch
     "update",  # after the optimizer's update, before Lightning counts the step
     "batch_end",  # after the step is counted and the scheduler stepped, before its row is logged
+    "epoch_end",  # inside the end of the epoch whose last step it is (the epoch counted as run, not yet as done)
     "validation",  # inside the validation after the step (after its first batch)
     "checkpoint",  # inside the save of the validation's checkpoint
 )
@@ -79,6 +82,8 @@ class Fault(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
+        if self.phase == "setup":
+            self._fire()
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -99,6 +104,14 @@ class Fault(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.phase == "batch_end" and trainer.global_step == self.step and self._last_micro_batch(trainer):
+            self._fire()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.phase == "epoch_start" and self._this_step(trainer):
+            self._fire()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.phase == "epoch_end" and trainer.global_step == self.step:
             self._fire()
 
     def on_validation_batch_end(

@@ -1,9 +1,9 @@
 """Exact resume wherever the interrupt lands (issue 44): a run interrupted at each phase of a step — in the
 loader's fetch, before the forward, inside the backward, between the optimizer's update and Lightning's
-counts, after the step is counted, inside the validation, inside a checkpoint save — by Ctrl-C (a raised
-KeyboardInterrupt or a real SIGINT), SIGTERM or kill -9, then resumed with ``zoo-train resume=<run dir>``,
-ends with the metrics.csv of a run that never stopped: the same rows and columns, every loss equal to the
-bit (timing values excepted), dropout on.
+counts, after the step is counted, at an epoch's end and the next one's start, inside the validation, inside a
+checkpoint save, while a resumed run is set up — by Ctrl-C (a raised KeyboardInterrupt or a real SIGINT),
+SIGTERM or kill -9, then resumed with ``zoo-train resume=<run dir>``, ends with the metrics.csv of a run that
+never stopped: the same rows and columns, every loss equal to the bit (timing values excepted), dropout on.
 
 The interrupt is a test-only callback (tests/fault_injection.py) added to the trainer, not to the config: the
 resumed run is zoo's own config, which ``resume=`` reads from the checkpoint.
@@ -84,12 +84,24 @@ def references(tmp_path_factory) -> dict[str, Path]:
 
 
 def interrupted_then_resumed(setup: str, fault: Fault, whole: Path, out: Path) -> None:
+    interrupted(setup, fault, whole, out)
+    resume(out)
+
+
+def interrupted(setup: str, fault: Fault, whole: Path, out: Path) -> None:
+    """``setup``'s run into ``out``, interrupted by ``fault``."""
     experiment, settings = SETUPS[setup]
     tokenizer = f"data.tokenizer_path={whole / 'tokenizer.json'}"  # WordPiece training is not deterministic
     with pytest.raises(KeyboardInterrupt), injected(fault):  # SIGTERM ends in the same "resume with" line
         train(compose_train(experiment, out, *RUN, *settings, tokenizer))
     assert fault.fired
-    resume(out)
+
+
+def resumed_and_interrupted(out: Path, fault: Fault) -> None:
+    """``zoo-train resume=<out>``, interrupted by ``fault``."""
+    with pytest.raises(KeyboardInterrupt), injected(fault):
+        train(resumed_config(OmegaConf.create({"resume": str(out)}), []))
+    assert fault.fired
 
 
 def resume(out: Path) -> None:
@@ -105,6 +117,10 @@ GENERATOR = [  # every phase, interrupted by a raised KeyboardInterrupt; the sig
     ("forward", 7, "raise"),  # mid-epoch
     ("update", 3, "raise"),  # a step whose throughput row is due
     ("update", 5, "raise"),  # the epoch's last step
+    ("epoch_end", 5, "raise"),  # the epoch's end: its last step done, the epoch counted as run, not yet as done
+    ("epoch_end", 5, "sigint"),
+    ("update", 5, "sigterm"),  # in the epoch's last step: Lightning stops once the epoch is counted done
+    ("epoch_start", 6, "raise"),  # the next epoch started, none of its batches read
     ("backward", 7, "sigint"),
     ("update", 6, "sigint"),  # held until the update is done
     ("batch_end", 3, "sigterm"),
@@ -143,6 +159,35 @@ def test_the_translator_packing_accumulation_and_lora_resume_exactly(references,
     whole = references(setup)
     interrupted_then_resumed(setup, Fault(phase, step, how), whole, tmp_path / "run")
     got, want = rows(tmp_path / "run"), rows(whole)
+    assert got == want, differences(got, want)
+
+
+def test_an_interrupt_while_a_resumed_run_is_set_up_leaves_its_checkpoint_to_resume_from(references, tmp_path):
+    """Ctrl-C before the resumed run has restored its checkpoint or read a batch: the interrupt's line (no
+    error of its own), the checkpoint it was resuming from left as it was, and the next resume exact."""
+    whole = references("generator")
+    out = tmp_path / "run"
+    interrupted("generator", Fault("forward", 7), whole, out)
+    checkpoint = out / "checkpoints" / "on_exception.ckpt"
+    saved = checkpoint.read_bytes()
+    resumed_and_interrupted(out, Fault("setup", 0))
+    assert checkpoint.read_bytes() == saved
+    resume(out)
+    got, want = rows(out), rows(whole)
+    assert got == want, differences(got, want)
+
+
+def test_the_checkpoint_of_a_validation_run_again_resumes_after_it(references, tmp_path):
+    """Ctrl-C inside the validation after step 4; the resumed run runs it again, whole, and writes last.ckpt at
+    its end; that run is killed (kill -9: no on_exception.ckpt) in step 6. Resumed from that last.ckpt, the run
+    goes on after the validation (not into it once more, from its middle), every row as in a run never stopped."""
+    whole = references("generator")
+    out = tmp_path / "run"
+    interrupted("generator", Fault("validation", 4), whole, out)
+    resumed_and_interrupted(out, Fault("forward", 6))
+    (out / "checkpoints" / "on_exception.ckpt").unlink()  # what kill -9 leaves: the validation's last.ckpt
+    resume(out)
+    got, want = rows(out), rows(whole)
     assert got == want, differences(got, want)
 
 

@@ -105,6 +105,8 @@ class Throughput(L.Callback):
             self._step_done(trainer)  # logged as one; a failed write is not the error to report
 
     def _step_done(self, trainer: L.Trainer) -> None:
+        if self._start is None:
+            return  # no batch of this run has started (an interrupt while it was set up)
         stepped, self._step = trainer.global_step != self._step, trainer.global_step
         if not stepped or trainer.global_step % self.window:  # on the window's steps: a resumed run logs
             return  # where one that never stopped does (its first window is shorter)

@@ -100,6 +100,7 @@ class ResumeState(L.Callback):
         self._to_restore: list[RngStates] | None = None
         self._applied = -1  # the last step whose optimizer update is done (global steps count from 1)
         self._boundary = 0  # the batches read (all epochs) when the last update was done: the step boundary
+        self._boundary_epoch: int | None = None  # the epoch (index) of the boundary's last batch
         self._validating: int | None = None  # the step whose validation is under way
         self._validated = -1  # the last step whose validation ended
         self._updating = False  # the weights are being written: a SIGINT waits
@@ -118,6 +119,7 @@ class ResumeState(L.Callback):
         self._to_restore = None
         self._applied = trainer.global_step
         self._boundary = trainer.fit_loop.epoch_loop.batch_progress.total.processed
+        self._boundary_epoch = None  # known at this run's first update (a crash checkpoint comes after one)
         self._hooks = []
         for optimizer in trainer.optimizers:  # first of the optimizer's hooks: the update is known done before any
             self._hooks.append(optimizer.register_step_post_hook(self._update_done))  # other hook could fail
@@ -166,6 +168,7 @@ class ResumeState(L.Callback):
         if self._trainer is not None:  # Lightning counts the step once this returns
             self._applied = self._trainer.global_step + 1
             self._boundary = self._trainer.fit_loop.epoch_loop.batch_progress.total.ready
+            self._boundary_epoch = self._trainer.current_epoch
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -219,7 +222,9 @@ class ResumeState(L.Callback):
         if (crashing(trainer) or self._inside_window(trainer)) and "loops" in checkpoint:
             progress = trainer.fit_loop.epoch_loop.batch_progress
             unread = progress.total.ready - self._boundary if self._rolled_back(trainer) else 0
-            at_boundary(checkpoint["loops"]["fit_loop"], trainer, unread, self._validated)
+            at_boundary(checkpoint["loops"]["fit_loop"], trainer, unread, self._validated, self._boundary_epoch)
+        elif trainer.validating and not trainer.sanity_checking and "loops" in checkpoint:
+            validation_ended(checkpoint["loops"]["fit_loop"])
 
     def end_the_update(self, trainer: L.Trainer) -> None:
         """Before a crash checkpoint of a step whose update is done: what Lightning does after the update
@@ -245,7 +250,9 @@ def crashing(trainer: L.Trainer) -> bool:
     return trainer.state.status == TrainerStatus.INTERRUPTED
 
 
-def at_boundary(fit_loop: dict[str, Any], trainer: L.Trainer, unread: int, validated: int) -> None:
+def at_boundary(
+    fit_loop: dict[str, Any], trainer: L.Trainer, unread: int, validated: int, epoch: int | None = None
+) -> None:
     """Rewrite a crash checkpoint's fit loop state (``fit_loop``) to the step boundary it resumes from, in the
     form Lightning writes at a validation's end (every batch read is completed), which it resumes right:
 
@@ -253,6 +260,9 @@ def at_boundary(fit_loop: dict[str, Any], trainer: L.Trainer, unread: int, valid
       loaders' position, Lightning's batch counts);
     - the loaders' position is the batches completed (a batch a fetch had counted and not handed out is read
       again);
+    - a boundary at an epoch's last batch is the next epoch's start, with ``epoch`` + 1 epochs done (``epoch``:
+      the index of the boundary's epoch; None: the one under way), however far Lightning had gone in ending that
+      epoch or starting the next (a SIGTERM stops it only once the epoch is counted done);
     - when Lightning validates after the boundary's batch (by its own rule, as a restart applies it) and the
       validation after step ``trainer.global_step`` had not ended (``validated``), the checkpoint asks for
       it: the resumed run runs it whole before the next step; a restart there counts the step for the
@@ -268,9 +278,12 @@ def at_boundary(fit_loop: dict[str, Any], trainer: L.Trainer, unread: int, valid
     next_epoch = done >= trainer.num_training_batches  # the epoch's last step: the checkpoint is at the next's start
     if next_epoch:  # as Lightning has it at a new epoch's first batch (which it resumes right), none read
         epochs = fit_loop["epoch_progress"]
+        if epoch is None:
+            epoch = epochs["current"]["processed"]
+        ended = epoch + 1 - epochs["current"]["processed"]  # the epoch's end, unless Lightning had counted it
         for counts in (epochs["total"], epochs["current"]):
-            counts.update(ready=counts["processed"] + 2, started=counts["processed"] + 2)
-            counts.update(processed=counts["processed"] + 1, completed=counts["processed"] + 1)
+            finished = counts["processed"] + ended
+            counts.update(ready=finished + 1, started=finished + 1, processed=finished, completed=finished)
         progress["current"].update(ready=0, started=0, processed=0, completed=0)
         progress["is_last_batch"] = False
         for name in ("epoch_loop.scheduler_progress", "epoch_loop.automatic_optimization.optim_progress"):
@@ -287,6 +300,16 @@ def at_boundary(fit_loop: dict[str, Any], trainer: L.Trainer, unread: int, valid
         val["total"].update(ready=before + 1, started=before + 1, processed=before, completed=before)
         val["current"].update(ready=1, started=1, processed=0, completed=0)
         val["is_last_batch"] = False
+
+
+def validation_ended(fit_loop: dict[str, Any]) -> None:
+    """A validation's checkpoint (last.ckpt, the best) counts every validation batch read as done, as Lightning
+    writes it after a validation it ran from the start. The validation that a resumed run runs again first
+    (``at_boundary``'s "restarted mid-evaluation") would otherwise leave its one batch started and never
+    processed in them, and a run resumed from them would run that validation once more, from its middle."""
+    for counts in fit_loop["epoch_loop.val_loop.batch_progress"].values():
+        if isinstance(counts, dict):
+            counts.update(ready=counts["completed"], started=counts["completed"], processed=counts["completed"])
 
 
 def validation_again(checkpoint: dict[str, Any]) -> bool:
