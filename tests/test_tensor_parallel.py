@@ -229,13 +229,15 @@ def _check_split(whole: zoo.ZooModel, sequence_parallel: bool, msg: str) -> None
     whole.train()
     # the reports count the whole model once, not this rank's share
     count, length = zoo.count_parameters(whole), inputs["input_ids"].shape[1]
+    contract = TensorParallelStrategy.__new__(TensorParallelStrategy)  # what the reports ask
+    tp_trainer = SimpleNamespace(strategy=contract, precision="32-true")
     assert zoo.count_parameters(model) < count == whole_parameter_count(model)
     assert (
-        Throughput()._flops(SimpleNamespace(model=model), length)
+        Throughput()._flops(tp_trainer, SimpleNamespace(model=model), length)[0]  # attention counted whole
         == zoo.stats(whole, seq_len=length).flops_per_token_train
     )
     task = L.LightningModule()
-    task.model = model
+    task.model, task._trainer = model, tp_trainer  # the summary asks the strategy's contract
     summary = WholeSummary(task, max_depth=1)
     assert summary.param_nums == [count] and summary.total_parameters == summary.trainable_parameters == count
 
