@@ -20,11 +20,6 @@ from tasks.cli.schemas import conf_dir
 from tasks.parallel.pipeline import PipelineParallelStrategy, _whole_order
 from zoo.pipeline import Stage, check_pipeline, stage_layers, tied_embedding
 
-PADDED_VOCAB_BUG = (
-    "open bug (issue 46): a padded vocabulary (vocab_multiple_of, the gpt and bert presets) under split "
-    "strategies: a pipeline stage crashes on a None weight; the whole-model counts include the padding rows"
-)
-
 # ---- the stages, chained in one process ------------------------------------------------------------------
 
 
@@ -220,7 +215,6 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {name: root / name for name in ("one", "pp", "one_acc", "gpipe_acc")}
 
 
-@pytest.mark.xfail(strict=False, reason=PADDED_VOCAB_BUG)
 @pytest.mark.slow
 def test_pipeline_training_matches_one_process(runs):
     one, pp = losses(runs["one"]), losses(runs["pp"])
@@ -254,7 +248,6 @@ def test_checkpoints_resume_across_one_process_and_pipeline_stages(runs, tmp_pat
     resume_both_ways("pp", runs, tmp_path)
 
 
-@pytest.mark.xfail(strict=False, reason=PADDED_VOCAB_BUG)
 @pytest.mark.slow
 def test_three_stages_match_one_process(tmp_path):
     """A middle stage with neither embedding nor head, and a tied embedding summed over the first and the
@@ -282,7 +275,6 @@ def encoder_runs(tmp_path_factory) -> dict[str, dict[str, Path]]:
     return runs
 
 
-@pytest.mark.xfail(strict=False, reason=PADDED_VOCAB_BUG)
 @pytest.mark.slow
 @pytest.mark.parametrize(("experiment", "metric"), [("bert_classifier", "val/acc"), ("bert_mlm", "val/masked_acc")])
 def test_encoder_tasks_on_stages_match_one_process(encoder_runs, experiment, metric):
@@ -300,7 +292,6 @@ def test_encoder_tasks_on_stages_match_one_process(encoder_runs, experiment, met
         torch.testing.assert_close(ours[name], value, atol=1e-6, rtol=1e-4, msg=name)
 
 
-@pytest.mark.xfail(strict=False, reason=PADDED_VOCAB_BUG)
 @pytest.mark.slow
 def test_a_classifier_resumes_across_one_process_and_pipeline_stages(encoder_runs, tmp_path):
     resume_both_ways("pp", encoder_runs["bert_classifier"], tmp_path, experiment="bert_classifier")

@@ -18,7 +18,7 @@ zoo/zoo_model.py; it is importable from here too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -365,14 +365,16 @@ def _random_init_skipped() -> Iterator[None]:
             setattr(nn.init, name, fill)
 
 
-def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
+def count_parameters(model: nn.Module, *, trainable_only: bool = False, excluding: Iterable[Tensor] = ()) -> int:
     """Number of distinct parameters (a tied embedding counts once); works on the meta device. A zoo
     model's vocabulary tables count their true rows (``vocab_size``), not the padding
-    (``vocab_multiple_of``), which holds nothing trained: gpt2's count is the published one either way."""
+    (``vocab_multiple_of``), which holds nothing trained: gpt2's count is the published one either way.
+    ``excluding``: parameters left uncounted (a pipeline stage's copies of another stage's)."""
     tables = model.vocab_tables() if isinstance(model, ZooModel) else {}
     true_rows = {id(t): model.config.vocab_size for t in tables.values()}
+    left_out = {id(p) for p in excluding}
     return sum(
         p.numel() // p.shape[0] * true_rows[id(p)] if id(p) in true_rows else p.numel()
         for p in model.parameters()
-        if p.requires_grad or not trainable_only
+        if (p.requires_grad or not trainable_only) and id(p) not in left_out
     )

@@ -90,7 +90,8 @@ def stats(
     padding = sum(p.numel() for p in model.parameters()) - params  # the vocabulary's padding rows
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     embedding -= sum(stack.position.attention_table_params() for stack in model.stacks())
-    embedding -= (cfg.padded_vocab_size - cfg.vocab_size) * model.embed.weight.shape[1]  # its padding rows
+    if model.embed is not None:  # its padding rows (a pipeline stage may hold no embedding)
+        embedding -= (cfg.padded_vocab_size - cfg.vocab_size) * model.embed.weight.shape[1]
     non_embedding = params - embedding
     inactive = sum(m.inactive_parameters() for m in model.modules() if isinstance(m, Sublayer))
     form = cfg.form  # what differs between the forms: its head, its attention and cached layers

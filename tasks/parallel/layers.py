@@ -271,14 +271,26 @@ def cut_parameters(module: nn.Module) -> dict[int, ShardedLinear]:
 
 
 def whole_parameter_count(module: nn.Module, *, trainable_only: bool = False) -> int:
-    """The parameters of ``module`` as one process holds them unsplit: each cut tensor counted times the
-    ranks that share it, a whole one once (a tied embedding too). ``zoo.count_parameters`` of a module
-    that is not split."""
+    """The parameters of ``module`` as the unsplit model has them: each cut tensor counted times the ranks
+    that share it, a whole one once (a tied embedding too), a vocabulary's padding rows left out (the
+    embedding and head are whole). ``zoo.count_parameters`` of a module that is not split."""
+    return zoo.count_parameters(module, trainable_only=trainable_only) + _other_shares(module, trainable_only)
+
+
+def held_parameter_count(module: nn.Module, *, trainable_only: bool = False) -> int:
+    """The parameters of ``module`` as one process would hold them unsplit, padding rows included (the
+    model summary's count, as Lightning's own counts a model that is not split)."""
+    held = sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+    return held + _other_shares(module, trainable_only)
+
+
+def _other_shares(module: nn.Module, trainable_only: bool) -> int:
+    """The elements of each cut tensor of ``module`` that the other ranks hold."""
     cut_ids = cut_parameters(module)
     return sum(
-        p.numel() * (cut_ids[id(p)].degree if id(p) in cut_ids else 1)
+        p.numel() * (cut_ids[id(p)].degree - 1)
         for p in module.parameters()
-        if p.requires_grad or not trainable_only
+        if id(p) in cut_ids and (p.requires_grad or not trainable_only)
     )
 
 

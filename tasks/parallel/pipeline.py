@@ -206,12 +206,14 @@ class PipelineParallelStrategy(SplitStrategy):
         self.lightning_module.zero_grad(set_to_none=True)
         return out
 
+    def stats_model(self, model: zoo.ZooModel) -> zoo.ModelConfig:
+        return model.config  # a stage holds some layers: the throughput's FLOPs are the whole model's
+
     def whole_parameter_count(self, module: nn.Module) -> int:
         """The parameters of ``module`` (the task's model or the task) as one process holds them: every
         stage's, the copies of the first stage's on later ones (``Stage.copies``) uncounted.
         A collective: every rank calls it."""
-        copies = {id(p) for p in self.stage.copies()}
-        owned = sum(p.numel() for p in module.parameters() if id(p) not in copies)
+        owned = zoo.count_parameters(module, excluding=self.stage.copies())  # a vocabulary's true rows
         total = torch.tensor(owned, device=self.root_device)
         dist.all_reduce(total)
         return int(total)

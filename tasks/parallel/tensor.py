@@ -49,6 +49,7 @@ from tasks.parallel.layers import (
     average_gradients,
     cut_parameters,
     grad_norm,
+    held_parameter_count,
     sharded_tensors,
     split_model,
     whole_parameter_count,
@@ -99,7 +100,7 @@ class TensorParallelStrategy(SplitStrategy):
         self._group_summed: list[torch.nn.Parameter] = []  # fsdp: summed over the group after backward
 
     whole_parameter_count = staticmethod(whole_parameter_count)  # the run summary's count (tasks.cli.train)
-    local_parameter_count = staticmethod(whole_parameter_count)  # the model summary's: a rank's, cut layers whole
+    local_parameter_count = staticmethod(held_parameter_count)  # the model summary's: a rank's, cut layers whole
 
     def stats_model(self, model: zoo.ZooModel) -> zoo.ZooModel | zoo.ModelConfig:
         return model.config if cut_parameters(model) else model  # split: the layers hold one rank's share
