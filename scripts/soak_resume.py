@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' run and their reading of m
 from test_resume_anywhere import command, differences, rows  # noqa: E402
 
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
-ENDED = {130, -signal.SIGKILL, -signal.SIGTERM}  # interrupted (zoo's line), killed, or a SIGTERM before training
+ENDED = {130, -signal.SIGINT, -signal.SIGKILL, -signal.SIGTERM}  # interrupted (zoo's line), killed, or stopped
+# before training (a SIGTERM, or a Ctrl-C while the libraries are imported, which may end by SIGINT after the line)
 
 
 ZOO_TRAIN = (  # zoo-train's entry point, with Python's stacks printed on SIGUSR1 (an interrupt that is not obeyed)
