@@ -11,6 +11,7 @@ from torchmetrics import Accuracy, Metric
 
 import zoo
 from tasks.base import ZooTask, padding_mask, top_count
+from tasks.data.modules import IGNORE
 from tasks.strategy import PipelineBatch
 
 
@@ -39,19 +40,24 @@ class MLMTask(ZooTask):
             raise zoo.ConfigError("the mlm task needs the masked-LM head: set model.mlm_head=true")
 
     def metrics(self, stage: str) -> dict[str, Metric]:
-        return {"masked_acc": Accuracy(task="multiclass", num_classes=self.model.config.vocab_size, ignore_index=-100)}
+        # updated with the chosen positions alone: no ignore_index (a boolean index inside torchmetrics) and
+        # no validation of the labels (torch.unique): each waits for the device in a training step
+        vocab = self.model.config.vocab_size
+        return {"masked_acc": Accuracy(task="multiclass", num_classes=vocab, validate_args=False)}
 
     def model_step(self, batch: dict[str, Tensor], batch_idx: int, stage: str) -> Tensor:
         hidden = self.model(batch["input_ids"], padding_mask(batch))  # (B, T, D)
-        return self.masked_loss(hidden, batch["labels"], stage)
+        return self.masked_loss(hidden, batch["labels"], batch["chosen"], stage)
 
-    def masked_loss(self, hidden: Tensor, labels: Tensor, stage: str, reduction: str = "mean") -> Tensor:
+    def masked_loss(
+        self, hidden: Tensor, labels: Tensor, chosen: Tensor, stage: str, reduction: str = "mean"
+    ) -> Tensor:
         """The loss of the chosen positions' predictions from hidden states (B, T, D), labels (B, T)
-        (-100 where not chosen); the stage's metrics are updated."""
-        chosen = labels != -100  # (B, T): ~15% of the tokens
+        (-100 where not chosen) and ``chosen`` (N,), where the chosen positions are in the flattened
+        (B*T) batch (the collate's); the stage's metrics are updated."""
         # the head (dense, norm, vocabulary projection) runs on the chosen positions only
-        logits = self.model.mlm_logits(hidden[chosen])  # (N, V)
-        labels = labels[chosen]  # (N,)
+        logits = self.model.mlm_logits(hidden.flatten(0, 1).index_select(0, chosen))  # (N, V)
+        labels = labels.flatten().index_select(0, chosen)  # (N,)
         self.metrics_at(stage).update(logits.argmax(-1), labels)
         return F.cross_entropy(logits.float(), labels, reduction=reduction)
 
@@ -59,14 +65,16 @@ class MLMTask(ZooTask):
         """The batch cut for pipeline stages (trainer=pp): token ids in, the padding mask to every stage,
         labels to the last; the loss averages over the chosen positions."""
         labels = batch["labels"]
-        return PipelineBatch(
-            batch["input_ids"], {"attention_mask": batch["attention_mask"]}, {"labels": labels}, (labels != -100).sum()
-        )
+        items = torch.full((), len(batch["chosen"]), device=labels.device)
+        return PipelineBatch(batch["input_ids"], {"attention_mask": batch["attention_mask"]}, {"labels": labels}, items)
 
     def pipeline_loss(self, hidden: Tensor, target: dict[str, Tensor], stage: str) -> Tensor:
         """On a pipeline's last stage (trainer=pp): one microbatch's losses, summed (the strategy divides by
-        the batch's chosen positions)."""
-        return self.masked_loss(hidden, target["labels"], stage, reduction="sum")
+        the batch's chosen positions). The schedule cuts the batch's rows into microbatches, so a
+        microbatch's chosen positions are found from its labels here: the host waits for their count."""
+        labels = target["labels"]
+        chosen = (labels.flatten() != IGNORE).nonzero().squeeze(1)  # (N,)
+        return self.masked_loss(hidden, labels, chosen, stage, reduction="sum")
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:

@@ -89,6 +89,7 @@ def test_mlm_masking_follows_15_percent_and_80_10_10():
     batch = dm.collate(original)
     chosen = batch["labels"] != IGNORE
     assert abs(chosen.float().mean().item() - 0.15) < 0.01
+    assert torch.equal(batch["chosen"], chosen.flatten().nonzero().squeeze(1))  # the step's flat indices
     masked = (batch["input_ids"] == MASK) & chosen
     kept = (batch["input_ids"] == batch["labels"]) & chosen
     assert abs(masked.sum() / chosen.sum() - 0.8) < 0.03

@@ -243,7 +243,10 @@ class MLMDataModule(PreparedDataModule):
         random_tokens = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
         swap = chosen & (action >= 0.8) & (action < 0.9)
         masked = torch.where(swap, random_tokens, masked)
-        return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}
+        # where the chosen positions are in the flattened (B*T) batch: found here on the CPU, the step
+        # selects them with index_select, not a boolean index (the host would wait on the device for the count)
+        chosen_at = chosen.flatten().nonzero().squeeze(1)  # (N,)
+        return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels, "chosen": chosen_at}
 
     def pad(self, batch: list[list[int]]) -> dict[str, Tensor]:
         ids, mask = pad_batch(batch, self.specials.pad), length_mask(batch)
