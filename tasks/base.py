@@ -337,11 +337,15 @@ class ZooTask(L.LightningModule):
 
         The backbone must fit: the same form, and every tensor both models have of the same shape;
         otherwise a ConfigError says what differs, unless ``partial`` (``init_partial=true``) asks to
-        load whatever fits. Tensors only this task has (a classifier head) start fresh."""
+        load whatever fits. Tensors only this task has (a classifier head) start fresh. The vocabulary's
+        tables fit whatever their padding (``vocab_multiple_of``): an unpadded model's rows start a padded
+        preset, the padding rows zero."""
         own = self.state_dict()
-        state = checkpoint["state_dict"]
+        state = dict(checkpoint["state_dict"])
         theirs = zoo.ModelConfig.from_dict(dict(checkpoint["hyper_parameters"]["model"]))
         mine = self.model.config
+        if theirs.vocab_size == mine.vocab_size:  # its vocabulary tables padded otherwise (vocab_multiple_of)
+            self.model.fit_vocab_rows(state, theirs.padded_vocab_size, prefix="model.")
         problems = []
         if theirs.form is not mine.form:
             problems.append(f"it has arch={theirs.arch!r} and this run trains arch={mine.arch!r}")
@@ -362,7 +366,8 @@ class ZooTask(L.LightningModule):
         self.load_state_dict(loaded, strict=False)
         if self.adapter_save == "only":  # the base tensors that stay frozen: checkpoints name them, not hold them
             trains = {k for k, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
-            self.base_ref = base_reference(source, state, [k for k in loaded if k not in trains])
+            base = [k for k in loaded if k not in trains]
+            self.base_ref = base_reference(source, checkpoint["state_dict"], base)  # as the source holds them
         skipped = sorted(set(state) - set(loaded))
         fresh = sorted(set(own) - set(loaded))
         adapter = [k for k in fresh if zoo.adapters.is_adapter_tensor(k)]

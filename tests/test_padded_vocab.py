@@ -14,7 +14,9 @@ from conftest import tiny_config
 from test_export_safety import export_in_process
 
 import zoo
+from tasks import TASKS
 from tasks.cli.loading import load_task
+from tasks.cli.pretrained import as_checkpoint
 from zoo.cli import info_main
 
 V, MULTIPLE = 61, 16  # 64 rows: 3 of padding
@@ -237,3 +239,62 @@ def test_zoo_export_writes_the_true_vocabulary(gpt_base, tmp_path, monkeypatch, 
         got = zoo.read_gguf(out / "model.gguf").model.eval()
         assert got.embed.weight.shape[0] == vocab
         torch.testing.assert_close(got(ids), want, rtol=1e-4, atol=1e-4)
+
+
+def _small(vocab: int, **kw) -> zoo.ModelConfig:
+    return zoo.get_config("gpt-tiny", vocab_size=vocab, n_layers=1, d_model=32, n_heads=2, **kw)
+
+
+def test_init_from_fits_the_vocabulary_rows_of_a_checkpoint_padded_otherwise_and_refuses_another_vocabulary():
+    """A checkpoint saved before the presets padded (200 rows) starts a padded run (256 rows), its padding
+    zero, the same logits; a padded one starts an unpadded run; another vocabulary stays refused."""
+    plain = zoo.build_model(_small(200, vocab_multiple_of=1), seed=0).eval()
+    task = TASKS.get("generator")(model=_small(200).to_dict(), optimizer={})
+    task.init_from(as_checkpoint(plain), source="old.ckpt")
+    table = task.model.embed.weight
+    assert table.shape[0] == 256 and torch.equal(table[:200], plain.embed.weight) and table[200:].abs().max() == 0
+    ids = torch.randint(0, 200, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(task.model.eval()(ids), plain(ids), rtol=1e-5, atol=1e-6)
+    unpadded = TASKS.get("generator")(model=plain.config.to_dict(), optimizer={})
+    unpadded.init_from(as_checkpoint(task.model), source="padded.ckpt")
+    assert torch.equal(unpadded.model.embed.weight, plain.embed.weight)
+    other = zoo.build_model(_small(201, vocab_multiple_of=1), seed=0)
+    with pytest.raises(zoo.ConfigError) as refused:
+        task.init_from(as_checkpoint(other), source="other.ckpt")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("init_from=other.ckpt: 1 tensors differ in shape")
+    assert "model.embed.weight (201, 32) there, (256, 32) here" in message
+
+
+@pytest.mark.slow  # a tiny HF folder made, one step trained and exported in process: ~20 s
+def test_a_run_from_an_hf_folder_trains_the_presets_padded_rows_and_exports_the_true_vocabulary(
+    tmp_path, monkeypatch, capsys
+):
+    transformers = pytest.importorskip("transformers")
+    from hf_pretrained_folders import _gpt2
+    from test_tasks import compose_train
+
+    from tasks.cli.training import train
+
+    folder = _gpt2(tmp_path / "folder")
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    vocab = theirs.config.vocab_size
+    cfg = compose_train(
+        "gpt_generator", tmp_path / "run", f"init_from={folder}", "trainer.max_steps=1", "optimizer.lr=1e-12"
+    )
+    train(cfg)
+    assert f"its {vocab:,} tokens padded to 384 rows (vocab_multiple_of=128)" in capsys.readouterr().out
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    task, _ = load_task(ckpt)
+    model = task.model.eval()
+    assert model.config.vocab_multiple_of == 128 and model.embed.weight.shape[0] == 384 > vocab
+    assert model.embed.weight[vocab:].abs().max() == 0  # the padding rows: zero, and they stay so
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = theirs(ids).logits
+        torch.testing.assert_close(model(ids), want, rtol=1e-4, atol=1e-4)  # an lr of 1e-12: the folder's weights
+        export_in_process(monkeypatch, f"ckpt_path={ckpt}", f"out={tmp_path / 'hf'}", "format=hf")
+        back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+        assert back.transformer.wte.weight.shape[0] == back.config.vocab_size == vocab
+        torch.testing.assert_close(back(ids).logits, want, rtol=1e-4, atol=1e-4)

@@ -135,11 +135,13 @@ def check_weights(cfg: ModelConfig, shapes: Shapes, *, source: str = "the weight
     Nothing is allocated and nothing deep is built: shapes are compared with a one-layer model on
     the meta device, and depth by counting tensors (linear in each layer count), so a config that
     asks for n_layers=20000 or d_model=32768 beside small weights fails at once. Tied tensors may
-    be stored under one of their names (safetensors) or all of them (a state_dict)."""
+    be stored under one of their names (safetensors) or all of them (a state_dict). A vocabulary table may
+    hold the true vocabulary's rows without the padding (``vocab_multiple_of``), which loading adds."""
     depths = [name for name in DEPTHS if getattr(cfg, name) is not None]
     shallow = cfg.replace(**dict.fromkeys(depths, 1))
-    groups = _tensor_groups(meta_model(shallow, source))
-    _match(groups, shapes, source, exact=False)
+    meta = meta_model(shallow, source)
+    groups = _tensor_groups(meta)
+    _match(groups, _rows_padded(meta, groups, shapes), source, exact=False)
     per_layer = {
         name: len(_tensor_groups(meta_model(shallow.replace(**{name: 2}), source))) - len(groups) for name in depths
     }
@@ -152,6 +154,19 @@ def check_weights(cfg: ModelConfig, shapes: Shapes, *, source: str = "the weight
             f"{source}: the config ({sizes}) describes {want} tensors but the weights hold {held}; "
             f"the config and the weights come from different models: use the pair saved together"
         )
+
+
+def _rows_padded(model: ZooModel, groups: list[tuple[list[str], tuple[int, ...]]], shapes: Shapes) -> Shapes:
+    """``shapes`` with each vocabulary table held with the true vocabulary's rows alone taken at the rows of
+    ``model`` (``vocab_multiple_of``): loading pads it (``ZooModel.fit_vocab_rows``)."""
+    tables, vocab = set(model.vocab_tables()), model.config.vocab_size
+    padded = dict(shapes)
+    for names, shape in groups:
+        if tables & set(names):
+            for name in names:
+                if name in padded and tuple(padded[name]) == (vocab, *shape[1:]):
+                    padded[name] = shape
+    return padded
 
 
 def meta_model(cfg: ModelConfig, source: str) -> ZooModel:

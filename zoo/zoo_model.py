@@ -313,6 +313,19 @@ class ZooModel(Component, nn.Module):
             tables["lm_head.weight"] = head.weight
         return tables
 
+    def fit_vocab_rows(self, state_dict: dict[str, Any], stored_rows: int, prefix: str = "") -> None:
+        """Fit, in place, the vocabulary tables of ``state_dict`` (this model's vocabulary, stored with
+        ``stored_rows`` rows: unpadded, or padded to another ``vocab_multiple_of``) to this model's rows: the
+        true rows kept, the padding zero. A table of any other shape is left for ``load_state_dict`` to refuse."""
+        for name, own in self.vocab_tables().items():
+            theirs = state_dict.get(prefix + name)
+            if (
+                isinstance(theirs, Tensor)
+                and stored_rows != own.shape[0]
+                and theirs.shape == (stored_rows, *own.shape[1:])
+            ):
+                state_dict[prefix + name] = fit_rows(theirs, own.shape[0], self.config.vocab_size)
+
     def with_vocab_multiple(self, multiple: int | None) -> ZooModel:
         """This model with its vocabulary rows padded to ``multiple`` (``vocab_multiple_of``; None or 1: the
         true vocabulary alone, as every export writes it): a copy that computes the same logits, the new
@@ -373,16 +386,7 @@ def _pad_vocab_rows(model: ZooModel, state_dict: dict[str, Any], prefix: str, *a
     """``load_state_dict``'s pre-hook: a vocabulary table stored with the true vocabulary's rows alone (an
     unpadded model's, an HF or GGUF import's) loads into a model with padding rows (``vocab_multiple_of``),
     its padding zero. Any other shape is left for ``load_state_dict`` to refuse."""
-    cfg = model.config
-    for name, own in model.vocab_tables().items():
-        theirs = state_dict.get(prefix + name)
-        if (
-            isinstance(theirs, Tensor)
-            and own.shape[0] != cfg.vocab_size
-            and theirs.dim() == own.dim()
-            and theirs.shape == (cfg.vocab_size, *own.shape[1:])
-        ):
-            state_dict[prefix + name] = fit_rows(theirs, own.shape[0], cfg.vocab_size)
+    model.fit_vocab_rows(state_dict, model.config.vocab_size, prefix)
 
 
 def mup_width(cfg: ModelConfig) -> float | None:

@@ -32,10 +32,12 @@ from tasks.cli.schemas import model_config
 from tasks.data.tokenizers import Specials, read_hf_tokenizer
 from tasks.errors import DataError, UserError
 
-ADJUSTABLE = ("dropout", "attn_dropout", "attention", "init_std", "pooler", "mlm_head")
-"""Model fields a run may set on top of a pretrained model: regularisation, the kernel, and the
-heads a task needs (``pooler``, ``mlm_head``: taken from the experiment, new ones start fresh)."""
-HEADS = ("pooler", "mlm_head")
+ADJUSTABLE = ("dropout", "attn_dropout", "attention", "init_std", "pooler", "mlm_head", "vocab_multiple_of")
+"""Model fields a run may set on top of a pretrained model: regularisation, the kernel, the heads a
+task needs (``pooler``, ``mlm_head``: taken from the experiment, new ones start fresh) and the padding
+of the vocabulary's rows (``vocab_multiple_of``: the experiment's, 128 in the gpt and bert presets; the
+padding rows start at zero, and exports write the true vocabulary)."""
+FROM_EXPERIMENT = ("pooler", "mlm_head", "vocab_multiple_of")
 
 
 class PretrainedSource(ABC):
@@ -182,7 +184,8 @@ def source_task(source: PretrainedSource) -> tuple[ZooTask, dict[str, Any]]:
 
 def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
     """Read the source's model and make ``cfg.model`` its config (plus the adjustable fields the run
-    sets); returns the model, whose weights the task then loads."""
+    sets, and the experiment's heads and vocabulary padding); returns the model as the source holds it,
+    whose weights the task then loads (its vocabulary's rows padded there: ``ZooTask.init_from``)."""
     model = read_model(source, "init_from")
     theirs, explicit = model.config, _model_overrides()
     for key in explicit:
@@ -194,18 +197,26 @@ def adopt_model(cfg: DictConfig, source: PretrainedSource) -> zoo.ZooModel:
                 f"only {', '.join(ADJUSTABLE)} may change)"
             )
     wanted = model_config(cfg.model)  # the experiment's model: its heads are what the task trains
-    adjusted = {k: getattr(wanted, k) for k in ADJUSTABLE if k in explicit or k in HEADS}
-    chosen = theirs.replace(**adjusted)
+    adjusted = {k: getattr(wanted, k) for k in ADJUSTABLE if k in explicit or k in FROM_EXPERIMENT}
+    chosen = theirs.replace(**adjusted)  # padded as the experiment pads (ZooTask.init_from fits the rows)
     with open_dict(cfg):
         for key, value in chosen.to_dict().items():
             cfg.model[key] = value
         cfg.model.preset = None
     print(
         f"init_from {source.path}: the model is the {source.kind}'s {theirs.arch} ({theirs.n_layers} layers, "
-        f"d_model {theirs.d_model}, {zoo.count_parameters(model):,} parameters{source.loaded()}); it replaces the "
-        f"experiment's model preset, and the {source.kind}'s tokenizer replaces data.tokenizer_*"
+        f"d_model {theirs.d_model}, {zoo.count_parameters(model):,} parameters{source.loaded()}{_rows(chosen)}); it "
+        f"replaces the experiment's model preset, and the {source.kind}'s tokenizer replaces data.tokenizer_*"
     )
     return model
+
+
+def _rows(cfg: zoo.ModelConfig) -> str:
+    """What the line adopt_model prints says of the vocabulary's padding ("" without any)."""
+    if cfg.padded_vocab_size == cfg.vocab_size:
+        return ""
+    rows = f"{cfg.padded_vocab_size:,} rows (vocab_multiple_of={cfg.vocab_multiple_of})"
+    return f", its {cfg.vocab_size:,} tokens padded to {rows}"
 
 
 def as_checkpoint(model: zoo.ZooModel) -> dict[str, Any]:
