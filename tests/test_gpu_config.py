@@ -29,12 +29,7 @@ SCHEDULE = {"warmup_steps": 0, "min_lr_ratio": 1.0}
 
 
 def _task(optimizer: dict, fused: bool) -> GeneratorTask:
-    # vocab_multiple_of=1: the 61 rows these tolerances were set at. Padded to 128 rows (zero, no gradient), the
-    # fused and unfused Muon runs part by 1.2e-4 on one weight (blocks.0.attn.out) under bf16-mixed with clipping
-    # by norm: a rounding difference amplified, not traced further (2026-12-06)
-    cfg = zoo.get_config(
-        "gpt-tiny", vocab_size=VOCAB, d_model=32, n_heads=2, n_layers=2, max_seq_len=T, vocab_multiple_of=1
-    )
+    cfg = zoo.get_config("gpt-tiny", vocab_size=VOCAB, d_model=32, n_heads=2, n_layers=2, max_seq_len=T)  # 128 rows
     torch.manual_seed(0)
     return GeneratorTask(model=cfg.to_dict(), optimizer={**optimizer, "fused": fused}, scheduler=SCHEDULE)
 
@@ -84,11 +79,18 @@ def test_fused_optimizers_clip_under_mixed_precision_as_unfused_ones_do(precisio
         assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) <= CLIP["norm"] * 1.01
     else:
         assert max(g.abs().max() for g in grads) <= CLIP["value"]
+    tolerance = 5e-4 if optimizer is MUON else 1e-4
     for (name, a), b in zip(fused.named_parameters(), plain.parameters(), strict=True):
         # atol 1e-4: the fused kernel rounds fp16's unscaling in another order, and Adam divides by the root
         # of a second moment that is tiny where a gradient is near zero (3.4e-5 apart seen on an AMD EPYC
         # CPU); each step moves a weight by about lr = 1e-2. The clipping itself is checked on the grads.
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
+        # Muon: 5e-4. The fused and unfused AdamW halves part in the last bits after one step, so the second
+        # step's gradients do too, and torch's Muon orthogonalizes them in bfloat16 (Newton-Schulz, 8-bit
+        # mantissa): a last-bit difference flips a bf16 rounding, which the next gradients carry to every
+        # weight. Measured 2026-12-06 (CPU, these 2 steps, padded to 128 rows or not): up to 1.26e-4 apart,
+        # the weight and setting by chance (unpadded, bf16-mixed unclipped: an attention bias; padded,
+        # bf16-mixed clipped by norm: blocks.0.attn.out); at most 5e-6 with Newton-Schulz run in float32.
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=tolerance, msg=name)
 
 
 def test_clipping_changes_the_steps_it_is_asked_to():
