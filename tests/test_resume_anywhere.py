@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from fault_injection import Fault, injected
 from omegaconf import OmegaConf
 from test_tasks import compose_train
@@ -186,6 +187,21 @@ def test_the_checkpoint_of_a_validation_run_again_resumes_after_it(references, t
     interrupted("generator", Fault("validation", 4), whole, out)
     resumed_and_interrupted(out, Fault("forward", 6))
     (out / "checkpoints" / "on_exception.ckpt").unlink()  # what kill -9 leaves: the validation's last.ckpt
+    resume(out)
+    got, want = rows(out), rows(whole)
+    assert got == want, differences(got, want)
+
+
+def test_a_second_interrupt_after_a_resume_from_inside_a_backward_counts_no_update_twice(references, tmp_path):
+    """Ctrl-C inside step 4's backward (Lightning had begun counting its update); the resumed run takes step 4
+    and is stopped by SIGTERM inside the validation after it. Its crash checkpoint is of step 4, not 5 (an
+    update begun and not done was counted once more), and the run resumed from it labels every row as the run
+    that never stopped (found by scripts/soak_resume.py: a validation a step late, the later steps one ahead)."""
+    whole = references("generator")
+    out = tmp_path / "run"
+    interrupted("generator", Fault("backward", 4, "sigint"), whole, out)
+    resumed_and_interrupted(out, Fault("validation", 4, "sigterm"))
+    assert torch.load(out / "checkpoints" / "on_exception.ckpt", weights_only=True)["global_step"] == 4
     resume(out)
     got, want = rows(out), rows(whole)
     assert got == want, differences(got, want)

@@ -234,9 +234,8 @@ class ResumeState(L.Callback):
         progress = loop.batch_progress
         if self._boundary != progress.total.ready:
             return  # the step under way has not been updated: the checkpoint is of the state before it
-        step = loop.automatic_optimization.optim_progress.optimizer.step
-        if step.total.ready > step.total.completed:
-            step.increment_completed()  # the update ran: count it (trainer.global_step)
+        if self._applied > trainer.global_step:  # the update ran and Lightning has not counted it: count it
+            loop.automatic_optimization.optim_progress.optimizer.step.increment_completed()  # (trainer.global_step)
         if progress.current.processed < progress.current.ready:
             progress.increment_processed()
             loop.update_lr_schedulers("step", update_plateau_schedulers=False)
@@ -288,6 +287,9 @@ def at_boundary(
         progress["is_last_batch"] = False
         for name in ("epoch_loop.scheduler_progress", "epoch_loop.automatic_optimization.optim_progress"):
             _zero_current(fit_loop.get(name, {}))
+    steps = fit_loop.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step", {})
+    for counts in steps.values():  # an update begun and not done (a crash in its closure) is not one to count
+        counts["ready"] = counts["completed"]  # later: a restart keeps Lightning's count of updates begun
     for state in fit_loop.get("state_dict", {}).get("combined_loader", []):
         if isinstance(state, dict) and set(state) == {"epoch", "batches"}:  # a ResumableLoader's
             state.update(epoch=state["epoch"] + 1, batches=0) if next_epoch else state.update(batches=done)
