@@ -62,10 +62,18 @@ def rows(run_dir: Path) -> list[tuple[tuple[str, str], ...]]:
         )
 
 
-def differences(got: list, want: list) -> str:
-    missing = [dict(r) for r in want if r not in got]
-    extra = [dict(r) for r in got if r not in want]
-    return f"rows missing: {missing[:4]}; rows not in the uninterrupted run: {extra[:4]}"
+def differences(got: list, want: list, shown: int = 4) -> str:
+    """The first ``shown`` rows, by step, that one run has and the other has not, and how many differ."""
+
+    def by_step(row: dict[str, str]) -> int:
+        return int(row.get("step", -1))
+
+    missing = sorted((dict(r) for r in want if r not in got), key=by_step)
+    extra = sorted((dict(r) for r in got if r not in want), key=by_step)
+    return (
+        f"{len(missing)} rows missing, the first: {missing[:shown]}; "
+        f"{len(extra)} rows not in the uninterrupted run, the first: {extra[:shown]}"
+    )
 
 
 @pytest.fixture(scope="module")
