@@ -44,7 +44,7 @@ ENDED = {130, -signal.SIGINT, -signal.SIGKILL, -signal.SIGTERM}  # interrupted (
 ZOO_TRAIN = (  # zoo-train's entry point, with Python's stacks printed on SIGUSR1 (an interrupt that is not obeyed)
     "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
     "signal.signal(signal.SIGINT, signal.default_int_handler); "  # Ctrl-C as a terminal's: a soak started in the
-    "sys.argv[0] = 'zoo-train'; from tasks.cli.train import main; main()"  # background (&) has SIGINT ignored
+    "sys.argv[0] = 'zoo-train'; from tasks.cli.verbs import train; train()"  # background (&) has SIGINT ignored
 )
 
 

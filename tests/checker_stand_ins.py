@@ -1,5 +1,5 @@
 """Stand-in runtimes for zoo-export's checks (tests/test_export_checker_child.py): each is put in
-``tasks.cli.checker.RUNTIMES`` in place of llama.cpp or onnxruntime and runs in the child process as
+``tasks.cli.export.checker.RUNTIMES`` in place of llama.cpp or onnxruntime and runs in the child process as
 the real one would. Not collected as tests (no ``test_`` prefix); the child imports this module
 through the parent's ``sys.path``."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.cli.checker import Runtime
+from tasks.cli.export.checker import Runtime
 
 
 class StandIn(Runtime):

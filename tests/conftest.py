@@ -30,7 +30,7 @@ def gpt_base(tmp_path_factory):
     """last.ckpt of a tiny gpt_generator run, trained once for every test module that starts from it."""
     from test_tasks import compose_train
 
-    from tasks.cli.training import train
+    from tasks.cli.train.training import train
 
     run_dir = tmp_path_factory.mktemp("base")
     train(compose_train("gpt_generator", run_dir, "test=false"))

@@ -2,7 +2,7 @@
 chosen phase of a chosen optimizer step, by a raised KeyboardInterrupt (what SIGINT becomes) or a signal
 the process sends itself.
 
-The fault is a callback added to the trainer by ``injected`` (a patch of ``tasks.cli.training.build_trainer``),
+The fault is a callback added to the trainer by ``injected`` (a patch of ``tasks.cli.train.training.build_trainer``),
 not by the config: the run's stored config stays zoo's own, so ``zoo-train resume=<run dir>`` (which refuses
 a ``_target_`` that conf/ does not name) resumes it without the fault.
 """
@@ -142,7 +142,7 @@ def from_env(value: str) -> Fault:
 def injected(fault: Fault | None) -> Iterator[None]:
     """zoo-train's trainer, in this process, with ``fault`` among its callbacks (none: unchanged). SIGINT's
     handler is put back afterwards (Lightning ignores it once it has seen a KeyboardInterrupt)."""
-    import tasks.cli.training as training
+    import tasks.cli.train.training as training
 
     original: Callable[..., L.Trainer] = training.build_trainer
     handler = signal.getsignal(signal.SIGINT)
@@ -164,7 +164,7 @@ def injected(fault: Fault | None) -> Iterator[None]:
 def main() -> None:
     """zoo-train with the fault ZOO_TEST_FAULT names (``python -m fault_injection <zoo-train arguments>``
     with tests/ on PYTHONPATH): a subprocess that a real signal (SIGKILL too) ends."""
-    from tasks.cli.train import main as zoo_train
+    from tasks.cli.verbs import train as zoo_train
 
     fault = from_env(os.environ["ZOO_TEST_FAULT"]) if os.environ.get("ZOO_TEST_FAULT") else None
     with injected(fault):

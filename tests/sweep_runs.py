@@ -38,7 +38,7 @@ SEARCH = [
 
 def _in_process(args: list[str], monkeypatch) -> None:
     """zoo-train -m in this process (saves the start-up of a new one)."""
-    from tasks.cli import train
+    from tasks.cli import verbs
 
     monkeypatch.setattr(sys, "argv", ["zoo-train", "-m", *args])
-    train.main()
+    verbs.train()

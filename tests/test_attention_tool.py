@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import zoo
-from tasks.cli.attention import attention_report
+from tasks.cli.attention.maps import attention_report
 from tasks.cli.console import quote_free_text
 from tasks.cli.schemas import conf_dir
 from tasks.data.tokenizers import train_tokenizer, with_cls_sep

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 import zoo
 from tasks import GeneratorTask, TranslatorTask
-from tasks.cli.checks import check_composition
 from tasks.cli.schemas import conf_dir
+from tasks.cli.train.checks import check_composition
 
 B, T = 3, 7  # N = 21 rows: chunk sizes 4 and 5 leave a short last chunk
 

@@ -9,7 +9,7 @@ import json
 from test_tasks import compose_train
 
 import zoo
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 
 SHELL = ["echo ${HOME} ${PATH:-/bin}", "x = Template('${name} is ${age}')", "run ${{ matrix.os }}"]
 

@@ -26,7 +26,7 @@ from test_export_safety import assert_one_line_error, export_in_process, modes, 
 
 import zoo
 import zoo.folders
-from tasks.cli import export
+from tasks.cli.export.formats import EXPORT_FORMATS, export_safetensors
 from tasks.cli.loading import load_task
 
 FULL_DISK = "Error while serializing: I/O error: No space left on device (os error 28)"  # as safetensors says it
@@ -68,7 +68,7 @@ def test_a_failed_export_into_a_new_folder_leaves_nothing(gpt_base, tmp_path, mo
 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OSError) as error:
-        export.export_safetensors(task, info, out, card="# card\n")
+        export_safetensors(task, info, out, card="# card\n")
     assert error.value.errno == 28 and error.value.filename == str(out / fails_at)  # the path asked for
     assert list((tmp_path / "exports").iterdir()) == []
 
@@ -94,7 +94,7 @@ def test_a_file_size_limit_is_one_line_naming_the_file_and_leaves_nothing(gpt_ba
     """A real failed write: the kernel refuses to grow a file past RLIMIT_FSIZE (EFBIG), in
     safetensors' Rust writer as in Python's."""
     probe = tmp_path / "probe"
-    export.export_safetensors(*load_task(gpt_base), probe)
+    export_safetensors(*load_task(gpt_base), probe)
     weights = (probe / "model.safetensors").stat().st_size
     small = max(p.stat().st_size for p in probe.iterdir() if p.name != "model.safetensors")
     assert small < weights // 2, "the limit must stop the weights and nothing else"
@@ -148,7 +148,7 @@ BAD_OUT = {
 }
 
 
-@pytest.mark.parametrize("fmt", export.FORMATS)
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
 @pytest.mark.parametrize("case", list(BAD_OUT))
 def test_out_through_a_link_or_below_a_file_is_one_line(gpt_base, tmp_path, monkeypatch, capsys, fmt, case):
     make, words = BAD_OUT[case]
@@ -187,7 +187,7 @@ def test_exports_get_the_umasks_modes(gpt_base, tmp_path, fmt):
 
 KILLED = {  # the function each format calls on its finished temporary folder, before it takes its name
     "safetensors": ("zoo", "load_pretrained"),
-    "hf": ("tasks.cli.export_hf", "check_reload"),
+    "hf": ("tasks.cli.export.hf", "check_reload"),
 }
 
 
@@ -196,10 +196,10 @@ def _killed_export(ckpt: Path, out: Path, fmt: str) -> None:
     module, name = KILLED[fmt]
     script = textwrap.dedent(f"""
         import importlib, os, signal, sys
-        from tasks.cli import export
+        from tasks.cli import verbs
         setattr(importlib.import_module({module!r}), {name!r}, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
         sys.argv = ["zoo-export", "ckpt_path={ckpt}", "out={out}", "format={fmt}"]
-        export.main()
+        verbs.export()
     """)
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -276,7 +276,7 @@ def test_an_export_into_a_previous_one_moves_config_json_last(gpt_base, tmp_path
     config.json that records them comes last, so a kill in between never records a file that is
     not there."""
     task, info = load_task(gpt_base)
-    export.export_safetensors(task, info, tmp_path / "out")
+    export_safetensors(task, info, tmp_path / "out")
     (tmp_path / "out" / "notes.md").write_text("mine")
     moved: list[str] = []
     real_replace = os.replace
@@ -287,7 +287,7 @@ def test_an_export_into_a_previous_one_moves_config_json_last(gpt_base, tmp_path
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    export.export_safetensors(task, info, tmp_path / "out", card="# card\n")
+    export_safetensors(task, info, tmp_path / "out", card="# card\n")
     assert moved[-1] == "config.json" and sorted(moved) == sorted(
         json.loads((tmp_path / "out" / "config.json").read_text())["zoo_export"]["files"]
     )

@@ -1,4 +1,4 @@
-"""The runtimes that check zoo-export's files run in a child process (tasks/cli/checker.py): a
+"""The runtimes that check zoo-export's files run in a child process (tasks/cli/export/checker.py): a
 checker that segfaults, hangs or cannot be imported ends ``zoo-export`` in one line, the export kept
 whole (exit status 3) or, with ``checker.unchecked=refuse``, nothing written; a Ctrl-C during the
 check leaves nothing; no temporary folder is left on any path; and a healthy checker's disagreement
@@ -18,7 +18,7 @@ import pytest
 from checker_stand_ins import Disagrees, Hangs, Interrupted, Segfaults, Unimportable
 from test_export_safety import assert_one_line_error, export_in_process
 
-from tasks.cli import checker
+from tasks.cli.export import checker
 from tasks.cli.loading import load_task
 
 pytest.importorskip("gguf")

@@ -21,10 +21,13 @@ from test_launchers import TINY as LAUNCHER_TINY
 
 import zoo
 from hydra_plugins.zoo_optuna_sweeper import report as sweep_report
-from tasks.cli import export
+from tasks.cli import verbs
+from tasks.cli.export.destination import check_destination
+from tasks.cli.export.formats import export_onnx, export_safetensors, files_of
+from tasks.cli.export.onnx import require_onnx
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.errors import UserError
 from zoo.pretrained import check_weights, safetensors_shapes
 
@@ -49,7 +52,7 @@ def zoo_export(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def export_in_process(monkeypatch, *args: str) -> None:
     monkeypatch.setattr(sys, "argv", ["zoo-export", *args])
-    export.main()
+    verbs.export()
 
 
 def assert_one_line_error(stderr: str) -> None:
@@ -144,11 +147,11 @@ def test_export_mistakes_end_in_one_line(ckpt, tmp_path, monkeypatch, capsys, ar
 
 def test_a_previous_export_may_not_hide_a_users_file(ckpt, tmp_path):
     task, info = load_task(ckpt)
-    export.export_safetensors(task, info, tmp_path)
-    export.check_destination(tmp_path, export.files_of(task, "safetensors"), overwrite=False)  # ours: fine
+    export_safetensors(task, info, tmp_path)
+    check_destination(tmp_path, files_of(task, "safetensors"), overwrite=False)  # ours: fine
     (tmp_path / "model.onnx").write_bytes(b"the user's own graph")
     with pytest.raises(UserError, match="model.onnx"):
-        export.check_destination(tmp_path, export.files_of(task, "onnx"), overwrite=False)
+        check_destination(tmp_path, files_of(task, "onnx"), overwrite=False)
 
 
 def test_a_failed_write_leaves_the_previous_export(ckpt, tmp_path, monkeypatch):
@@ -157,7 +160,7 @@ def test_a_failed_write_leaves_the_previous_export(ckpt, tmp_path, monkeypatch):
     task, info = load_task(ckpt)
     with torch.no_grad():
         task.model.embed.weight.add_(1.0)  # the previous export's weights differ from the next one's
-    export.export_safetensors(task, info, tmp_path)
+    export_safetensors(task, info, tmp_path)
     before = snapshot(tmp_path)
     task, info = load_task(ckpt)
     real_replace = os.replace
@@ -169,7 +172,7 @@ def test_a_failed_write_leaves_the_previous_export(ckpt, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OSError, match="killed"):
-        export.export_safetensors(task, info, tmp_path)
+        export_safetensors(task, info, tmp_path)
     after = snapshot(tmp_path)
     assert after.keys() == before.keys()  # no temporary file left behind
     assert after["model.safetensors"] == before["model.safetensors"]
@@ -178,16 +181,16 @@ def test_a_failed_write_leaves_the_previous_export(ckpt, tmp_path, monkeypatch):
 def test_missing_onnx_packages_name_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # find_spec reports a None entry as not installed
     with pytest.raises(UserError, match=r'onnxscript.*pip install -e "\.\[export\]"'):
-        export.require_onnx()
+        require_onnx()
 
 
 @pytest.mark.slow
 def test_onnx_export_into_a_safetensors_export(ckpt, tmp_path):
     pytest.importorskip("onnxruntime")
     task, info = load_task(ckpt)
-    export.export_safetensors(task, info, tmp_path)
-    export.check_destination(tmp_path, export.files_of(task, "onnx"), overwrite=False)
-    assert export.export_onnx(task, info, tmp_path, opset=18) < 1e-4
+    export_safetensors(task, info, tmp_path)
+    check_destination(tmp_path, files_of(task, "onnx"), overwrite=False)
+    assert export_onnx(task, info, tmp_path, opset=18) < 1e-4
     files = set(json.loads((tmp_path / "config.json").read_text())["zoo_export"]["files"])
     assert files == {p.name for p in tmp_path.iterdir()} and {"model.onnx", "model.safetensors"} <= files
     assert set(modes(tmp_path).values()) == {normal_mode()}

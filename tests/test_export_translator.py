@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tasks.cli.loading import load_task
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 
 transformers = pytest.importorskip("transformers")
 

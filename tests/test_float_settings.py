@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from test_handed_sizes import tiny_gguf
 
 import zoo
-from tasks.cli.checks import check_composition
 from tasks.cli.schemas import conf_dir
+from tasks.cli.train.checks import check_composition
 from tasks.cli.values import MAX_SEED, check_seed, check_values
 from tasks.translator import TranslatorTask
 from zoo.config import FLOAT_RANGES

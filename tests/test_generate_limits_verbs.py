@@ -20,10 +20,10 @@ from omegaconf import OmegaConf
 
 import zoo
 from tasks import ClassifierTask, GeneratorTask, TranslatorTask, ZooTask
-from tasks.cli.attention import attention_report
+from tasks.cli.attention.maps import attention_report
 from tasks.cli.console import quote_free_text
-from tasks.cli.generate import main as generate_main
 from tasks.cli.generate import respond
+from tasks.cli.generate import run as generate_main
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
 from tasks.data.tokenizers import EOS, train_tokenizer, with_cls_sep

@@ -286,7 +286,7 @@ def test_the_export_verb_checks_each_family_by_whom_can_read_it(family, bpe, tmp
     file); OLMo 2 and Mixtral, which it cannot read as llama.cpp does, are written and said unchecked by it."""
     pytest.importorskip("accelerate")
     from tasks import GeneratorTask
-    from tasks.cli.export_gguf import UNREAD, export_gguf
+    from tasks.cli.export.gguf import UNREAD, export_gguf
 
     model = zoo.from_hf(_hf_model(family, bpe.get_vocab_size()))
     task = GeneratorTask(model=model.config.to_dict(), optimizer={}, tokenizer_json=bpe.to_str())

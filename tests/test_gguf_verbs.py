@@ -301,7 +301,7 @@ def test_llama_cpp_runs_the_export_as_the_checkpoint(llama_ckpt, exported):
 @pytest.mark.slow
 def test_an_export_llama_cpp_disagrees_with_is_one_line_and_writes_nothing(llama_ckpt, tmp_path, monkeypatch, capsys):
     pytest.importorskip("llama_cpp")
-    monkeypatch.setattr("tasks.cli.export_gguf.LLAMA_CPP_TOLERANCE", {"f32": 0.0})  # no rounding allowed
+    monkeypatch.setattr("tasks.cli.export.gguf.LLAMA_CPP_TOLERANCE", {"f32": 0.0})  # no rounding allowed
     out = tmp_path / "strict"
     with pytest.raises(SystemExit) as stop:
         export_in_process(monkeypatch, f"ckpt_path={llama_ckpt}", f"out={out}", "format=gguf")

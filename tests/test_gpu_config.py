@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import zoo
 from tasks import GeneratorTask
 from tasks.cli.boundary import user_errors
-from tasks.cli.training import keep_traceback, train
+from tasks.cli.train.training import keep_traceback, train
 from tasks.errors import RunFailed
 from tasks.optim import build_optimizer
 
@@ -153,7 +153,7 @@ def test_the_closing_table_gives_the_pace_and_mfu_that_the_gpu_check_reads(capsy
 
     from conftest import tiny_config
 
-    from tasks.cli.training import summarize
+    from tasks.cli.train.training import summarize
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
     spec = importlib.util.spec_from_file_location("gpu_summary", path)

@@ -27,12 +27,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 
 import zoo
-from tasks.cli.attention import check_thresholds
-from tasks.cli.checks import check_composition, check_export
+from tasks.cli.attention.maps import check_thresholds
 from tasks.cli.composition import config_groups
 from tasks.cli.console import quote_free_text
-from tasks.cli.formats import EXPORT_FORMATS
+from tasks.cli.export.formats import EXPORT_FORMATS
 from tasks.cli.schemas import conf_dir
+from tasks.cli.train.checks import check_composition, check_export
 from tasks.cli.values import check_values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,7 +247,7 @@ def parsed(entry, args: list[str], monkeypatch) -> argparse.Namespace:
 @pytest.fixture
 def machine_free(monkeypatch):
     """check_fits asks the free memory of this machine: not the command's question (PLACEHOLDERS)."""
-    monkeypatch.setattr("tasks.cli.checks.free_bytes", lambda device: None)
+    monkeypatch.setattr("tasks.cli.train.checks.free_bytes", lambda device: None)
 
 
 def test_the_guide_names_commands_of_every_verb():
@@ -339,14 +339,14 @@ def test_commands_are_read_as_a_user_copies_them(tmp_path):
 # ---- the refusals the guide quotes ----------------------------------------------------------------------
 REFUSING = textwrap.dedent("""\
     import contextlib, io, json, sys
-    import tasks.cli.training
+    import tasks.cli.train.training
     from tasks.cli import verbs
 
     def composed_and_checked(*args, **kwargs):  # the run was not refused: stop before any data is read
         print("zoo: (not refused: the run would start here)", file=sys.stderr)
         sys.exit(0)
 
-    tasks.cli.training.build = composed_and_checked
+    tasks.cli.train.training.build = composed_and_checked
     entries = {"train": verbs.train, "eval": verbs.evaluate, "generate": verbs.generate,
                "export": verbs.export, "attention": verbs.attention}
     said = []
@@ -406,7 +406,7 @@ def test_the_ctrl_c_line_the_guide_quotes_is_what_a_training_run_prints(tmp_path
     from types import SimpleNamespace
 
     from tasks.cli.boundary import user_errors
-    from tasks.cli.training import interrupts_said
+    from tasks.cli.train.training import interrupts_said
 
     page = (ROOT / "docs" / "when-things-go-wrong.md").read_text(encoding="utf-8")
     (quoted,) = re.findall(r"`(zoo: interrupted; [^`]*)`", page)

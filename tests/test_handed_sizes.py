@@ -15,8 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import zoo
-from tasks.cli.checks import check_composition, check_fits, parameter_estimate
 from tasks.cli.schemas import conf_dir
+from tasks.cli.train.checks import check_composition, check_fits, parameter_estimate
 from tasks.translator import TranslatorTask
 from zoo.beam_search import MAX_BEAMS, check_beams
 
@@ -175,7 +175,7 @@ def compose_train(*overrides: str, experiment: str = "gpt_generator"):
     ],
 )
 def test_a_model_that_cannot_fit_is_refused_at_composition_with_the_estimate(override, monkeypatch):
-    monkeypatch.setattr("tasks.cli.checks.free_bytes", lambda device: 16 * 2**30)
+    monkeypatch.setattr("tasks.cli.train.checks.free_bytes", lambda device: 16 * 2**30)
     overrides = [override, "model.ffn=moe"] if "n_experts" in override else [override]
     if "vocab_size" in override:
         overrides.append("model.d_model=1024")
@@ -201,7 +201,7 @@ def test_a_model_that_fits_passes_and_a_frozen_one_needs_its_weights_alone(monke
     check_composition(cfg)  # gpt-tiny fits anywhere
     model = zoo.get_config("gpt-tiny")
     params = parameter_estimate(model)
-    monkeypatch.setattr("tasks.cli.checks.free_bytes", lambda device: params * 4 * 2)  # weights fit, training not
+    monkeypatch.setattr("tasks.cli.train.checks.free_bytes", lambda device: params * 4 * 2)  # weights fit, training not
     with pytest.raises(zoo.ConfigError, match="16 bytes a parameter"):
         check_fits(cfg, model)
     lora = compose_train("adapter=lora", "init_from=somewhere")

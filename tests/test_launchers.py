@@ -56,7 +56,7 @@ def test_slurm_launcher_follows_the_trainer():
 @pytest.mark.slow
 def test_submitit_local_launcher_runs_a_grid_the_report_reads(tmp_path, capsys, monkeypatch):
     """zoo-train -m in this process (the sweep); submitit starts each job in a process of its own."""
-    from tasks.cli import train
+    from tasks.cli import verbs
 
     sweep = tmp_path / "sweep"
     monkeypatch.chdir(tmp_path)
@@ -65,7 +65,7 @@ def test_submitit_local_launcher_runs_a_grid_the_report_reads(tmp_path, capsys, 
         "argv",
         ["zoo-train", "-m", "hydra/launcher=local", *TINY, "model/position=rope,alibi", f"hydra.sweep.dir={sweep}"],
     )
-    train.main()
+    verbs.train()
     results = list((sweep / ".submitit").glob("*/*_result.pkl"))
     assert len(results) == 2  # each job ran as a submitit job, in its own process
     for job, position in (("0", "rope"), ("1", "alibi")):

@@ -12,9 +12,9 @@ from test_resume import _crash, _losses
 from test_tasks import compose_train
 
 import zoo
-from tasks.cli import export
+from tasks.cli.export.formats import export_safetensors
 from tasks.cli.loading import load_task
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.run.checkpoints import BASE_KEY
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def test_an_adapter_only_run_exports_what_the_whole_run_exports(runs, tmp_path):
     for save, ckpt in runs.items():
         task, info = load_task(ckpt)
         task.merge_adapter()
-        export.export_safetensors(task, info, tmp_path / save)
+        export_safetensors(task, info, tmp_path / save)
         with torch.no_grad():
             logits[save] = zoo.load_pretrained(tmp_path / save)(x)
     torch.testing.assert_close(logits["only"], logits["full"], atol=0, rtol=0)

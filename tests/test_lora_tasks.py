@@ -10,9 +10,9 @@ from rounding import assert_rounding_close
 from test_tasks import compose_train
 
 import zoo
-from tasks.cli import export
+from tasks.cli.export.formats import export_safetensors
 from tasks.cli.loading import load_task
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_an_export_of_a_lora_run_is_the_merged_dense_model(lora, tmp_path):
         adapted = task.model(x)
     task.merge_adapter()
     assert not zoo.adapters.adapted_layers(task.model)
-    export.export_safetensors(task, info, tmp_path / "out")
+    export_safetensors(task, info, tmp_path / "out")
     dense = zoo.load_pretrained(tmp_path / "out")
     with torch.no_grad():
         assert_rounding_close(dense(x), adapted, dense)
@@ -75,7 +75,7 @@ def test_a_classifier_head_trains_beside_the_adapters(tmp_path):
 
 
 def test_an_adapter_without_init_from_says_that_its_frozen_base_is_random(tmp_path, capsys):
-    from tasks.cli.checks import check_composition
+    from tasks.cli.train.checks import check_composition
 
     check_composition(compose_train("gpt_generator", tmp_path, "adapter=lora"))
     assert "zoo: warning: the adapter trains beside a frozen model with random weights" in capsys.readouterr().err

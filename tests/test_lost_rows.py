@@ -237,7 +237,7 @@ def test_zoo_train_resumed_after_a_failed_metrics_write_logs_every_step_once(
     from test_resume import RESUMABLE
     from test_tasks import compose_train
 
-    from tasks.cli.training import train
+    from tasks.cli.train.training import train
 
     run = [*RESUMABLE, "trainer.max_steps=10", "++trainer.limit_train_batches=4"]
     train(compose_train("gpt_generator", tmp_path / "whole", *run))

@@ -16,7 +16,7 @@ from test_tasks import STEPS, TINY
 
 import zoo
 from tasks import ClassifierTask, TranslatorTask, ZooTask
-from tasks.cli.card import describe_model, model_card, monitored
+from tasks.cli.export.card import describe_model, model_card, monitored
 from tasks.cli.loading import load_task, read_checkpoint
 
 COMMAND = "zoo-export ckpt_path='runs/a b/last.ckpt' out=exports/gpt format=safetensors"

@@ -259,7 +259,7 @@ def test_a_tiny_model_learns_and_the_router_learns_from_its_losses_alone():
 def test_zoo_train_logs_the_routers_losses(tmp_path):
     from test_tasks import compose_train
 
-    from tasks.cli.training import train
+    from tasks.cli.train.training import train
 
     train(
         compose_train(

@@ -13,12 +13,12 @@ from hydra import compose, initialize_config_dir
 from real_commands import run
 
 from tasks.base import DECODING
-from tasks.cli import export
-from tasks.cli.export_hf import hf_generation
+from tasks.cli import verbs
+from tasks.cli.export.hf import hf_generation
 from tasks.cli.generate import settings_of
 from tasks.cli.loading import load_task
 from tasks.cli.schemas import conf_dir
-from tasks.cli.training import setup_rows
+from tasks.cli.train.training import setup_rows
 from tasks.generator import GeneratorTask
 from tasks.run.init_from import loaded_line
 
@@ -46,7 +46,7 @@ def test_unset_settings_are_the_tasks_and_those_given_win(gpt_base):
 def test_the_hf_export_writes_what_zoo_generate_decodes_with(gpt_base, tmp_path, monkeypatch):
     out = tmp_path / "hf"
     monkeypatch.setattr(sys, "argv", ["zoo-export", f"ckpt_path={gpt_base}", f"out={out}", "format=hf"])
-    export.main()
+    verbs.export()
     written = json.loads((out / "generation_config.json").read_text())
     task, _ = load_task(gpt_base)
     expected = hf_generation(settings_of(task, generate_config()))

@@ -30,9 +30,8 @@ from test_generate_limits_verbs import LINES, ckpts, generate, one_line  # noqa:
 from test_handed_folder_files import originals  # noqa: F401  (a fixture)
 
 import zoo
-from tasks.cli import attention as attention_verb
-from tasks.cli import hydra_callbacks
-from tasks.cli.attention import attention_report
+from tasks.cli import hydra_callbacks, verbs
+from tasks.cli.attention.maps import attention_report
 from tasks.cli.boundary import one_line as one_line_of
 from tasks.cli.console import quote_free_text
 from tasks.cli.hydra_callbacks import FreshRunDir
@@ -233,7 +232,7 @@ def test_hydras_own_write_into_a_read_only_run_dir_is_one_line(tmp_path, monkeyp
     monkeypatch.setattr(sys, "argv", ["zoo-attention", "ckpt_path=x", "prompt=y", f"hydra.run.dir={tmp_path / 'run'}"])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     with pytest.raises(SystemExit) as stop:
-        attention_verb.main()
+        verbs.attention()
     assert stop.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_tasks import compose_train
 
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 
 RUN = ["test=true", "callbacks.model_checkpoint.save_top_k=-1"]  # every validation's checkpoint kept, by step
 

@@ -264,7 +264,7 @@ def test_resuming_with_another_optimizer_is_refused_in_one_line():
 def test_zoo_train_trains_each_form_with_muon(experiment, tmp_path):
     from test_tasks import compose_train
 
-    from tasks.cli.training import train
+    from tasks.cli.train.training import train
 
     metric = train(compose_train(experiment, tmp_path, "optimizer=muon", "test=false"))
     assert metric is not None and metric == metric  # the monitored metric came back, not NaN

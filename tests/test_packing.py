@@ -17,7 +17,7 @@ from test_reliability import run
 from test_tasks import STEPS, TINY, compose_train
 
 import zoo
-from tasks.cli.checks import check_composition
+from tasks.cli.train.checks import check_composition
 from tasks.data import LMDataModule
 from tasks.data.modules import IGNORE
 from tasks.data.tokenizers import EOS

@@ -190,7 +190,7 @@ def test_the_whole_optimizer_order_is_each_group_in_stage_order_each_name_once()
 def test_zoo_train_refuses_what_pp_cannot_cut_before_it_claims_a_run_directory(tmp_path):
     from test_tasks import compose_train
 
-    from tasks.cli.checks import check_composition
+    from tasks.cli.train.checks import check_composition
 
     cfg = compose_train("gpt_generator", tmp_path / "run", "trainer=pp", "model.value_residual=true")
     with pytest.raises(zoo.ConfigError, match=r"^model.value_residual=true"):

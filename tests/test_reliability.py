@@ -18,7 +18,7 @@ from test_tasks import compose_train
 
 import zoo
 from tasks.cli.loading import load_task
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.errors import UserError
 
 

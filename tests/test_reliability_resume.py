@@ -14,7 +14,7 @@ import torch
 from real_commands import GPT, digest, one_line_error, run
 from test_tasks import compose_train
 
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.run.run_dirs import RUN_MARKER
 
 

@@ -14,7 +14,7 @@ import torch
 from test_tasks import compose_train
 
 import zoo
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.errors import DivergedError, UserError
 from tasks.run.checkpoints import ZooCheckpointIO
 from tasks.run.run_dirs import RUN_MARKER, claim_fresh, claim_run_dir
@@ -107,7 +107,7 @@ def _umask() -> int:
 def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
     import errno
 
-    import tasks.cli.training as train_module
+    import tasks.cli.train.training as train_module
     from tasks.cli.boundary import user_errors
 
     def read_only(folder, **kwargs):

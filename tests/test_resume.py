@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_tasks import compose_train
 
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.data.loading import BucketBatchSampler, ListDataset, ResumableLoader, ShuffledBatchSampler
 from tasks.run.resume import ResumeState
 

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from test_tasks import compose_train
 
 from tasks.cli.resuming import resumed_config
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 
 TESTS = Path(__file__).parent
 # 8 steps, epochs of 5 batches (step 6 starts the second), validation after steps 4 and 8, dropout drawing

@@ -341,7 +341,7 @@ def test_the_progress_bar_of_a_resumed_run_counts_to_its_last_step():
 
 
 def test_the_closing_lines_hold_the_paths_whole_at_80_columns(capsys, monkeypatch):
-    from tasks.cli.training import summarize
+    from tasks.cli.train.training import summarize
 
     monkeypatch.setenv("COLUMNS", "80")
     run_dir = Path("/outputs") / ("long-" * 20) / "runs" / "2026-01-01_00-00-00"

@@ -13,7 +13,7 @@ import pytest
 from test_resume import RESUMABLE, CrashAt
 from test_tasks import compose_train
 
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 
 pytestmark = pytest.mark.slow
 RUN = [

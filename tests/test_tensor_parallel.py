@@ -329,7 +329,7 @@ def test_zoo_train_refuses_what_tp_cannot_split_before_it_claims_a_run_directory
     """The strategy's check runs when the run is composed: one line, no run directory, no data read."""
     from test_tasks import compose_train
 
-    from tasks.cli.checks import check_composition
+    from tasks.cli.train.checks import check_composition
 
     cfg = compose_train("gpt_generator", tmp_path / "run", "trainer=tp", "model.n_heads=3", "model.d_model=96")
     with pytest.raises(zoo.ConfigError, match=r"^model.n_heads=3 does not split over 2 tensor-parallel ranks"):
@@ -339,11 +339,11 @@ def test_zoo_train_refuses_what_tp_cannot_split_before_it_claims_a_run_directory
 
 
 def test_zoo_train_checks_the_group_size_when_the_run_is_composed(tmp_path):
-    """tasks.cli.checks.check_strategy hands the strategy its settings: 2 heads split over groups of 2 of
+    """tasks.cli.train.checks.check_strategy hands the strategy its settings: 2 heads split over groups of 2 of
     the 4 devices, and not over 3 devices."""
     from test_tasks import compose_train
 
-    from tasks.cli.checks import check_composition
+    from tasks.cli.train.checks import check_composition
 
     mesh = ["trainer=tp", "trainer.strategy.tensor_parallel_size=2", "model.n_heads=2"]
     check_composition(compose_train("gpt_generator", tmp_path / "run", *mesh, "trainer.devices=4"))

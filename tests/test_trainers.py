@@ -53,7 +53,7 @@ def test_each_trainer_file_composes_for_gpus_and_builds_its_trainer(name, experi
     only) has Lightning's mixed-precision plugin, whose refusal to clip fused optimizers zoo's tasks get round."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    from tasks.cli.checks import check_composition
+    from tasks.cli.train.checks import check_composition
 
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         cfg = compose(

@@ -59,5 +59,5 @@ class OptunaPruning(L.Callback):
 def in_the_jobs_process() -> bool:
     """Whether this process runs the sweep's job itself (Hydra's multirun mode), not one that
     Lightning started for another DDP rank of it (a single run: see relaunch_as_this_job in
-    tasks/cli/train.py)."""
+    tasks/cli/train/training.py)."""
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

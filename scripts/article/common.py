@@ -93,7 +93,7 @@ def train_run(ctx: Context, experiment: str, name: str, overrides: Sequence[str]
     Returns the run directory (a fresh one: an earlier run's directory is never read back or deleted).
     Quick mode shrinks the run to a few steps.
     """
-    from tasks.cli.training import train
+    from tasks.cli.train.training import train
     from tasks.run.run_dirs import claim_fresh
 
     run_dir = claim_fresh(ctx.work / experiment / re.sub(r"[^\w.-]+", "_", name))  # a name Hydra's grammar takes

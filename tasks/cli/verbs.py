@@ -2,8 +2,10 @@
 verb's config here and refuses what it cannot compose (a typo in a group or a key, a value of the
 wrong type; for zoo-train also a value out of range and a model its own rules refuse,
 ``tasks.cli.values``) in one line before the verb's own module is imported, and with it Lightning
-and the tasks: seconds a typo does not wait for. Each verb's work is in its module: ``training.py``,
-``evaluate.py``, ``generate.py``, ``export.py``, ``attention.py``."""
+and the tasks: seconds a typo does not wait for. Each verb's work is ``run(cfg)`` in its package,
+which never imports this module: ``train/training.py``, ``evaluate/``, ``generate/``,
+``export/exporting.py``, ``attention/maps.py``; each package's ``__main__.py`` is its
+``python -m tasks.cli.<verb>``."""
 
 from __future__ import annotations
 
@@ -39,9 +41,9 @@ def _train_job(cfg: DictConfig) -> float | None:
     check_values(cfg)  # the values a run would trip on later (tasks.cli.values): before Lightning too
     if not (cfg.get("init_from") or cfg.get("resume")):  # else the model is the source's or the run's, read later
         check_model(cfg)  # the model's own rules (ModelConfig.validate): as fast as a typo
-    from tasks.cli.training import run_composed  # a Ctrl-C while it loads is "zoo: interrupted" too
+    from tasks.cli.train.training import run  # a Ctrl-C while it loads is "zoo: interrupted" too
 
-    return run_composed(cfg)
+    return run(cfg)
 
 
 def evaluate() -> dict[str, float]:
@@ -72,9 +74,9 @@ def generate() -> str:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="generate")
 @user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def _generate(cfg: DictConfig) -> str:
-    from tasks.cli.generate import main
+    from tasks.cli.generate import run
 
-    return main(cfg)
+    return run(cfg)
 
 
 @hydra_errors
@@ -82,7 +84,7 @@ def _generate(cfg: DictConfig) -> str:
 @user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def export(cfg: DictConfig) -> float:
     """zoo-export."""
-    from tasks.cli.export import run
+    from tasks.cli.export.exporting import run
 
     return run(cfg)
 
@@ -97,6 +99,6 @@ def attention() -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="attention")
 @user_errors  # a Ctrl-C while the verb's module loads: one line, exit 130
 def _attention(cfg: DictConfig) -> dict[str, Any]:
-    from tasks.cli.attention import attention_maps
+    from tasks.cli.attention.maps import run
 
-    return attention_maps(cfg)
+    return run(cfg)

@@ -53,7 +53,7 @@ class PipelineParallelStrategy(SplitStrategy):
     @classmethod
     def check_model(cls, model: zoo.ZooModel, devices: int, **settings: Any) -> None:
         """Refuse what cannot run as ``devices`` stages with these ``settings`` (the constructor's):
-        asked when a run is composed (tasks.cli.checks.check_strategy)."""
+        asked when a run is composed (tasks.cli.train.checks.check_strategy)."""
         cls(**settings)
         check_pipeline(model, devices)
 
@@ -87,7 +87,7 @@ class PipelineParallelStrategy(SplitStrategy):
 
     @classmethod
     def check_run(cls, *, task: type, optimizer: Any, num_nodes: int) -> None:
-        """Refuse, when a run is composed (tasks.cli.checks.check_strategy: before any process starts), a task
+        """Refuse, when a run is composed (tasks.cli.train.checks.check_strategy: before any process starts), a task
         that cannot cut its batches and losses into stages, and more than one node."""
         if not (isinstance(task, type) and issubclass(task, ZooTask) and task.pipelined):
             raise zoo.ConfigError(

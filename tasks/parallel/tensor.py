@@ -108,13 +108,13 @@ class TensorParallelStrategy(SplitStrategy):
     @classmethod
     def check_model(cls, model: zoo.ZooModel, devices: int, **settings: Any) -> None:
         """Refuse what this strategy cannot run on ``devices`` devices: asked when a run is composed
-        (tasks.cli.checks.check_strategy); ``settings``: the strategy's constructor arguments (the default
+        (tasks.cli.train.checks.check_strategy); ``settings``: the strategy's constructor arguments (the default
         strategy without them)."""
         cls(**settings).check(model, devices)
 
     @classmethod
     def check_run(cls, *, task: type, optimizer: Any, num_nodes: int) -> None:
-        """Refuse, when a run is composed (tasks.cli.checks.check_strategy: before any process starts), an
+        """Refuse, when a run is composed (tasks.cli.train.checks.check_strategy: before any process starts), an
         optimizer that cannot update slices (``optimizer``: its OptimizerSettings) and more than one node."""
         if not optimizer.elementwise:
             raise zoo.ConfigError(

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib
 from torch import Tensor
 
-from tasks.cli.attention_heads import HeadRow, layer_of
+from tasks.cli.attention.heads import HeadRow, layer_of
 from zoo.inspect import attention_rollout, layers_by_kind
 
 matplotlib.use("Agg")

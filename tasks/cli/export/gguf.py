@@ -10,11 +10,11 @@ transformers and accelerate are installed, by transformers' own GGUF loading (an
   their logit difference and how many greedy tokens agree are reported, not refused.
 
 Where ``llama-cpp-python`` is installed (it builds llama.cpp from source), llama.cpp itself runs the
-staged file too, in a child process (tasks/cli/checker.py): its logits on the unpadded prompt are within
+staged file too, in a child process (tasks/cli/export/checker.py): its logits on the unpadded prompt are within
 :data:`LLAMA_CPP_TOLERANCE` of the checkpoint's (llama.cpp keeps its KV cache in f16, so even an f32 file
 moves the logits by f16 rounding) and, for f32 and f16, it decodes the checkpoint's greedy tokens; for
 q8_0 and q4_0 the agreement is reported. A llama.cpp that crashes, hangs or cannot be imported leaves the
-file written and unchecked (:class:`tasks.cli.checker.Unchecked`, exit status 3), or refused with
+file written and unchecked (:class:`tasks.cli.export.checker.Unchecked`, exit status 3), or refused with
 ``checker.unchecked=refuse``.
 """
 
@@ -35,8 +35,8 @@ from torch import Tensor
 
 import zoo
 from tasks import ZooTask
-from tasks.cli.checker import RUNTIMES, CheckerFailed, Checking, Unchecked
-from tasks.cli.export_hf import masked_diff
+from tasks.cli.export.checker import RUNTIMES, CheckerFailed, Checking, Unchecked
+from tasks.cli.export.hf import masked_diff
 from tasks.data.tokenizers import added_around
 from tasks.errors import UserError
 from zoo.folders import atomic_folder

@@ -13,7 +13,7 @@ import yaml
 
 import zoo
 from tasks import TASKS, ZooTask
-from tasks.cli.formats import EXPORT_FORMATS, ExportFormat
+from tasks.cli.export.formats import EXPORT_FORMATS, ExportFormat
 from tasks.optim import OPTIMIZERS, optimizer_name
 
 

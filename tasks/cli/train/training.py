@@ -1,4 +1,4 @@
-"""What zoo-train runs once Hydra has composed its config (tasks/cli/train.py): plan, build, fit,
+"""What zoo-train runs once Hydra has composed its config (tasks.cli.verbs.train): plan, build, fit,
 test, summarise. Returns the monitored metric, so sweepers (``-m``) can optimise it."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from rich.table import Table
 import zoo
 from tasks import TASKS
 from tasks.cli.boundary import one_line, user_errors
-from tasks.cli.card import describe_model
-from tasks.cli.checks import check_export, check_same_model, data_sizes, task_class
 from tasks.cli.console import quiet_libraries
+from tasks.cli.export.card import describe_model
 from tasks.cli.loading import run_info
-from tasks.cli.plan import RunPlan, plan_run
 from tasks.cli.resuming import resumed_config
+from tasks.cli.train.checks import check_export, check_same_model, data_sizes, task_class
+from tasks.cli.train.plan import RunPlan, plan_run
 from tasks.errors import RAISE_ERRORS_ENV, EndedOnPurpose, RunFailed
 from tasks.optim import check_same_optimizer, optimizer_name
 from tasks.run.callbacks import CrashCheckpoint, ValidateAtTheEnd
@@ -340,8 +340,8 @@ def one_job_of_a_sweep() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def run_composed(cfg: DictConfig) -> float | None:
-    """zoo-train's run of the config Hydra composed (tasks/cli/train.py): one line for a user's
+def run(cfg: DictConfig) -> float | None:
+    """zoo-train's run of the config Hydra composed (tasks.cli.verbs.train): one line for a user's
     error; the job of a sweeper that records errors as failed trials raises them instead."""
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them; no effect on CPUs
     quiet_libraries()

@@ -1,6 +1,6 @@
 """``zoo-export format=onnx``: the task's graph traced by torch's ONNX exporter with dynamic batch and
 sequence axes, and checked with onnxruntime against PyTorch at other shapes than the traced ones;
-onnxruntime runs in a child process (tasks/cli/checker.py), so that a crash of it is one line."""
+onnxruntime runs in a child process (tasks/cli/export/checker.py), so that a crash of it is one line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from tasks import ZooTask
-from tasks.cli.checker import RUNTIMES, Checking
+from tasks.cli.export.checker import RUNTIMES, Checking
 from tasks.errors import UserError
 from zoo.attention import Attention
 

@@ -1,6 +1,6 @@
 """zoo-export: a checkpoint as a portable folder, ``zoo-export ckpt_path=<ckpt> out=<folder> format=<name>``.
 
-The formats are the classes of :data:`tasks.cli.formats.EXPORT_FORMATS` (safetensors, onnx, hf,
+The formats are the classes of :data:`tasks.cli.export.formats.EXPORT_FORMATS` (safetensors, onnx, hf,
 gguf): each names its files, writes and checks them, and says what the model card says about them.
 
 Every format is written into a temporary sibling of ``out=`` and checked there; a new or empty
@@ -10,10 +10,10 @@ record listing the files that export wrote. Then only the files this export writ
 each by an atomic rename (config.json last); nothing else in the folder is touched. Any other
 non-empty folder is refused unless ``overwrite=true``, which still replaces only those files
 (``format=hf`` writes a new folder only). ``out=`` is never a symbolic link, a file, or below a file
-(tasks/cli/destination.py).
+(tasks/cli/export/destination.py).
 
 onnxruntime (format=onnx) and llama.cpp (format=gguf, where llama-cpp-python is installed) check the
-file in a child process (tasks/cli/checker.py). When one crashes, hangs past ``checker.timeout`` or
+file in a child process (tasks/cli/export/checker.py). When one crashes, hangs past ``checker.timeout`` or
 cannot be imported, the export is kept whole and zoo-export prints what the other checks found, then
 one line on stderr (``zoo: Unchecked: llama.cpp crashed (SIGSEGV) while checking out/model.gguf; the
 file was written and is unchecked: ...``) and exits with status 3; ``checker.unchecked=refuse`` writes
@@ -28,24 +28,15 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tasks.cli.boundary import fail, user_errors
-from tasks.cli.card import model_card
-from tasks.cli.checker import Unchecked
 from tasks.cli.console import quiet_libraries
-from tasks.cli.destination import check_destination, check_out
-from tasks.cli.export_onnx import require_onnx
-from tasks.cli.formats import EXPORT_FORMATS, export_onnx, export_safetensors, files_of
+from tasks.cli.export.card import model_card
+from tasks.cli.export.checker import Unchecked
+from tasks.cli.export.destination import check_out
+from tasks.cli.export.formats import EXPORT_FORMATS
 from tasks.cli.loading import task_and_checkpoint
 from tasks.errors import UserError
 
-FORMATS = EXPORT_FORMATS  # iterates over the format names
 UNCHECKED_EXIT = 3  # the export was written and kept, but its runtime could not check it
-
-
-def main() -> float:
-    """``python -m tasks.cli.export``: the console verb (tasks.cli.verbs.export)."""
-    from tasks.cli.verbs import export
-
-    return export()
 
 
 @user_errors
@@ -76,9 +67,3 @@ def run(cfg: DictConfig) -> float:
         fail(unchecked, UNCHECKED_EXIT)
     print(said)
     return diff
-
-
-__all__ = ["FORMATS", "check_destination", "export_onnx", "export_safetensors", "files_of", "main", "require_onnx"]
-
-if __name__ == "__main__":
-    main()

@@ -14,9 +14,9 @@ from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
 import zoo
-from tasks.cli.checks import check_composition, check_export
 from tasks.cli.loading import read_checkpoint
 from tasks.cli.pretrained import PretrainedSource, adopt_model, as_checkpoint, is_pretrained_source, pretrained_source
+from tasks.cli.train.checks import check_composition, check_export
 from tasks.data.tokenizers import Specials, read_tokenizer
 
 

@@ -22,13 +22,6 @@ from tasks.errors import UserError
 from zoo.io import atomic_write_text
 
 
-def main() -> dict[str, float]:
-    """``python -m tasks.cli.evaluate``: the console verb (tasks.cli.verbs.evaluate)."""
-    from tasks.cli.verbs import evaluate
-
-    return evaluate()
-
-
 @user_errors
 def run(cfg: DictConfig) -> dict[str, float]:
     """zoo-eval on the config Hydra composed (tasks.cli.verbs.evaluate)."""
@@ -56,7 +49,3 @@ def run(cfg: DictConfig) -> dict[str, float]:
     Console().print(table)
     print(f"metrics written to {out / 'metrics.json'}")
     return metrics
-
-
-if __name__ == "__main__":
-    main()

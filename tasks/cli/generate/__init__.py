@@ -74,7 +74,7 @@ def respond(task: ZooTask, task_name: str, cfg: DictConfig) -> str:
 
 
 @user_errors
-def main(cfg: DictConfig) -> str:
+def run(cfg: DictConfig) -> str:
     """zoo-generate on the config Hydra composed (tasks.cli.verbs.generate)."""
     check_seed(cfg.seed)  # torch.manual_seed takes what Lightning does: 0 .. 2**32 - 1
     if not isinstance(cfg.compile, bool):
@@ -146,14 +146,3 @@ def speed_line(speed: zoo.Measured, *, compiled: bool) -> str:
             "tokens in one process (a benchmark or a server), not in one short call"
         )
     return line
-
-
-def cli() -> str:
-    """``python -m tasks.cli.generate``: the console verb (tasks.cli.verbs.generate)."""
-    from tasks.cli.verbs import generate
-
-    return generate()
-
-
-if __name__ == "__main__":
-    cli()

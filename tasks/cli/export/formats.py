@@ -5,12 +5,12 @@ and the tests that walk :data:`EXPORT_FORMATS` take it from there.
 
 - ``safetensors``: config.json, config.yaml, model.safetensors, tokenizer.json (and the task's own
   modules, e.g. a classifier's head); ``zoo.load_pretrained(folder)`` reloads the model, compared.
-- ``onnx``: model.onnx (+ model.onnx.data for a large model), checked with onnxruntime (export_onnx.py).
-- ``hf``: a folder transformers loads, checked by transformers (export_hf.py); always a new folder.
-- ``gguf``: model.gguf, the file llama.cpp runs, checked by transformers' GGUF loading (export_gguf.py)
+- ``onnx``: model.onnx (+ model.onnx.data for a large model), checked with onnxruntime (onnx.py).
+- ``hf``: a folder transformers loads, checked by transformers (hf.py); always a new folder.
+- ``gguf``: model.gguf, the file llama.cpp runs, checked by transformers' GGUF loading (gguf.py)
   and by llama.cpp where llama-cpp-python is installed.
 
-onnxruntime and llama.cpp run in a child process with a time limit (tasks/cli/checker.py, the
+onnxruntime and llama.cpp run in a child process with a time limit (tasks/cli/export/checker.py, the
 ``checker`` settings): when one crashes, hangs or cannot be imported, the export is kept whole and
 zoo-export ends with one line and exit status 3 (``checker.unchecked=keep``, the default), or nothing
 is written (``refuse``).
@@ -29,11 +29,11 @@ from omegaconf import DictConfig
 
 import zoo
 from tasks import ZooTask
-from tasks.cli.checker import CheckerFailed, Checking, Unchecked
-from tasks.cli.destination import RECORD, check_destination, check_new, export_record
-from tasks.cli.export_gguf import export_gguf, gguf_problem, require_gguf
-from tasks.cli.export_hf import export_hf
-from tasks.cli.export_onnx import ExportGraph, onnx_difference, onnx_program, require_onnx
+from tasks.cli.export.checker import CheckerFailed, Checking, Unchecked
+from tasks.cli.export.destination import RECORD, check_destination, check_new, export_record
+from tasks.cli.export.gguf import export_gguf, gguf_problem, require_gguf
+from tasks.cli.export.hf import export_hf
+from tasks.cli.export.onnx import ExportGraph, onnx_difference, onnx_program, require_onnx
 from zoo.folders import atomic_folder
 from zoo.io import atomic_write_text
 from zoo.registry import Registry

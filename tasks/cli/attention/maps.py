@@ -24,8 +24,8 @@ By form: an encoder (classifier, masked LM) and a decoder (generator) read ``pro
 encoder-decoder reads it as the source and ``target`` as the decoder's text, or, without
 ``target``, its own greedy translation (decoder inputs: the start token, then the target tokens).
 
-This module reads the model and the text and runs the verb; ``attention_plots.py`` draws the
-figures, ``attention_heads.py`` makes the per-head table.
+This module reads the model and the text and runs the verb; ``plots.py`` draws the
+figures, ``heads.py`` makes the per-head table.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 import zoo
-from tasks.cli.attention_heads import flag_counts, head_rows, markdown, print_table, thresholds_line
-from tasks.cli.attention_plots import write_figures
+from tasks.cli.attention.heads import flag_counts, head_rows, markdown, print_table, thresholds_line
+from tasks.cli.attention.plots import write_figures
 from tasks.cli.boundary import user_errors
 from tasks.cli.console import literal
 from tasks.cli.pretrained import load_model_task
@@ -260,17 +260,6 @@ def attention_report(cfg: DictConfig, out: Path) -> dict[str, object]:
     return summary
 
 
-def attention_maps(cfg: DictConfig) -> dict[str, object]:
+def run(cfg: DictConfig) -> dict[str, object]:
     """zoo-attention on the config Hydra composed (tasks.cli.verbs.attention), into its run directory."""
     return attention_report(cfg, Path(HydraConfig.get().runtime.output_dir))
-
-
-def main() -> dict[str, object]:
-    """``python -m tasks.cli.attention``: the console verb (tasks.cli.verbs.attention)."""
-    from tasks.cli.verbs import attention
-
-    return attention()
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 that a runtime which crashes (a signal), hangs or cannot be imported ends its check and not zoo.
 
 ``Checking.run(RUNTIMES["llama.cpp"], file, shown=..., **inputs)`` starts
-``python -m tasks.cli.checker <request> <answer> <seconds>``: the child imports the runtime, runs the
+``python -m tasks.cli.export.checker <request> <answer> <seconds>``: the child imports the runtime, runs the
 file on the plain inputs it was given (token ids, numpy arrays) and sends back what the runtime
 computed (logits, tokens); zoo's process compares it with the checkpoint and refuses a disagreement
 itself. When the child dies of a signal, outlives ``checker.timeout`` or cannot import the runtime,
