@@ -20,7 +20,6 @@ what it generated.
 from __future__ import annotations
 
 import numbers
-import os
 import time
 import warnings
 from typing import TYPE_CHECKING
@@ -32,7 +31,7 @@ from zoo.beam_search import beam_search, check_beams
 from zoo.decoding import Steps, steps_of
 from zoo.kv_cache import value_bytes
 from zoo.logits import RepeatControls
-from zoo.measuring import count_generated
+from zoo.measuring import count_generated, free_bytes
 from zoo.prompts import PromptError, Prompts, pad_sequences, padded_prompts
 from zoo.registry import ARCH, ConfigError
 from zoo.sampling import TokenChoice, check_sampling, checked_repeats, filter_logits, sample
@@ -236,28 +235,3 @@ def _stopped_by_length(generated: Tensor, new: int, eos: int | None) -> bool:
     if generated.shape[1] < new:
         return False
     return eos is None or not bool((generated == eos).any(dim=-1).all())
-
-
-def free_bytes(device: torch.device) -> int | None:
-    """Memory the device can still give, in bytes; None where zoo cannot tell."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if device.type == "cpu":
-        return _available_ram()
-    return None
-
-
-def _available_ram() -> int | None:
-    """MemAvailable of /proc/meminfo (Linux), else the physical memory, else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None

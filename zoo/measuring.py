@@ -1,13 +1,18 @@
-"""How fast generation ran: ``with measured() as m: ...`` counts the new tokens and the seconds of
-every ``generate`` called inside (a task's answer, a script's loop), for a tokens/s figure that
-compares precisions and ``compile`` on the same call."""
+"""What zoo measures while it runs: how fast generation ran (``with measured() as m: ...`` counts the
+new tokens and the seconds of every ``generate`` called inside, a task's answer or a script's loop,
+for a tokens/s figure that compares precisions and ``compile`` on the same call), and how much memory
+a device can still give (``free_bytes``: what generation and zoo-train check a length or a model
+against before they allocate)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -44,3 +49,28 @@ def count_generated(tokens: int, seconds: float) -> None:
     if record is not None:
         record.tokens += tokens
         record.seconds += seconds
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory the device can still give, in bytes; None where zoo cannot tell."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        return _available_ram()
+    return None
+
+
+def _available_ram() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else the physical memory, else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -20,7 +20,7 @@ from tasks.cli.values import check_model, check_values
 from tasks.optim import optimizer_settings
 from tasks.run.init_from import no_base_error
 from tasks.strategy import ZooStrategy, strategy_class
-from zoo.generation import free_bytes
+from zoo.measuring import free_bytes
 
 
 def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
