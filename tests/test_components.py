@@ -12,7 +12,7 @@ from zoo.attention import Attention, AttentionInputs, CrossAttention, SelfAttent
 from zoo.kernels import Scoring
 from zoo.norm import LayerNorm, RMSNorm
 from zoo.position import ALiBi, RoPE, Sinusoidal, T5Relative, alibi_slopes, apply_rotary, t5_relative_bucket
-from zoo.registry import MASK
+from zoo.registry import MASK, ConfigError
 
 POSITIONS = zoo.list_components()["position"]
 
@@ -258,6 +258,39 @@ def test_capture_attention_returns_probabilities_and_restores_kernels():
     torch.testing.assert_close(probs["encoder.blocks.1.attn"].sum(-1), torch.ones(1, 4, 7))
     assert probs["decoder.blocks.0.attn"][0, :, 0, 1:].abs().max() == 0  # causal: nothing from the future
     assert all(m.kernel == "sdpa" for m in model.modules() if isinstance(m, Attention))
+
+
+def test_the_model_sets_its_attention_kernel_and_gives_back_what_it_had():
+    """``set_attention_kernel`` reaches every attention layer (self and cross), computes what the
+    default kernel computes, returns the kernels by layer so that passing them back restores them,
+    and refuses a name that is no kernel before any layer changes; the config keeps its own."""
+    model = tiny_model(arch="encoder_decoder").eval()
+    x, y = torch.randint(0, 61, (2, 7)), torch.randint(0, 61, (2, 4))
+    with torch.no_grad():
+        sdpa = model(x, y)
+    before = model.set_attention_kernel("math")
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
+    assert set(before) == set(layers) and len(layers) == 6 and set(before.values()) == {"sdpa"}
+    assert {m.kernel for m in layers.values()} == {"math"} and model.config.attention == "sdpa"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, y), sdpa, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="attention"):
+        model.set_attention_kernel({**before, "decoder.blocks.1.cross_attn": "no_such_kernel"})
+    assert {m.kernel for m in layers.values()} == {"math"}  # refused whole: no layer changed
+    assert model.set_attention_kernel(before) == dict.fromkeys(layers, "math")
+    assert {m.kernel for m in layers.values()} == {"sdpa"}
+
+
+def test_the_model_sets_its_kv_dtype_in_every_attention_layer():
+    model = tiny_model(arch="encoder_decoder")
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    model.set_kv_dtype("int8")
+    assert model.kv_dtype == "int8" and {m.kv_dtype for m in layers} == {"int8"}
+    with pytest.raises(ConfigError):
+        model.set_kv_dtype("int3")
+    assert model.kv_dtype == "int8" and {m.kv_dtype for m in layers} == {"int8"}
+    model.kv_dtype = None  # the property sets it the same way
+    assert {m.kv_dtype for m in layers} == {None}
 
 
 def test_self_and_cross_attention_keep_their_parameter_names():

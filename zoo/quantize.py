@@ -75,7 +75,7 @@ def quantize(model: ZooModel, weights: str | None = "int8", kv_cache: str | None
     if apply is not None:
         apply(model)  # a refusal of the device or dtype comes before anything changes
         model.quantized_weights = weights
-    model.kv_dtype = kv_cache
+    model.set_kv_dtype(kv_cache)
     return model.eval()
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -50,7 +51,7 @@ from zoo.config import ModelConfig
 from zoo.kv_cache import Cache, check_kv_dtype
 from zoo.norm import Norm, Placement
 from zoo.position import position_limit
-from zoo.registry import ARCH, Component, ConfigError
+from zoo.registry import ARCH, ATTENTION, Component, ConfigError
 from zoo.sublayer import Sublayer
 
 if TYPE_CHECKING:
@@ -141,16 +142,40 @@ class ZooModel(Component, nn.Module):
     def kv_dtype(self) -> str | None:
         """How keys and values are kept: None (their own dtype) or "int8" (zoo.kv_cache). New KV caches
         store them so, and attention without a cache rounds them the same way, so a forward pass
-        computes what cached decoding does. ``zoo.quantize(model, kv_cache="int8")`` sets it."""
+        computes what cached decoding does. ``zoo.quantize(model, kv_cache="int8")`` sets it
+        (``set_kv_dtype``; assigning the property does the same)."""
         return self._kv_dtype
 
     @kv_dtype.setter
     def kv_dtype(self, kv_dtype: str | None) -> None:
+        self.set_kv_dtype(kv_dtype)
+
+    def set_kv_dtype(self, kv_dtype: str | None) -> None:
+        """Keep keys and values as ``kv_dtype`` says (a ``KV_FORMATS`` name, or None: their own dtype)
+        from now on, in every attention layer at once; a name that is no format is refused first."""
         check_kv_dtype(kv_dtype)
         self._kv_dtype = kv_dtype
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.kv_dtype = kv_dtype
+        for layer in self._attention().values():
+            layer.kv_dtype = kv_dtype
+
+    def set_attention_kernel(self, kernel: str | Mapping[str, str]) -> dict[str, str]:
+        """Run every attention layer on ``kernel`` (an ``ATTENTION`` name: ``math`` for explicit
+        matmuls an exporter or a probe reads), or each layer on its own kernel (a mapping by module
+        name, as this returns). Returns the kernels the layers had, by module name, so that passing it
+        back restores them. The config's ``attention`` is unchanged: a copy built from it runs on its
+        own kernel. A name that is no kernel is refused before any layer changes."""
+        layers = self._attention()
+        wanted = {name: kernel if isinstance(kernel, str) else kernel[name] for name in layers}
+        for name in set(wanted.values()):
+            ATTENTION.get(name, field="attention")
+        before = {name: layer.kernel for name, layer in layers.items()}
+        for name, layer in layers.items():
+            layer.kernel = wanted[name]
+        return before
+
+    def _attention(self) -> dict[str, Attention]:
+        """Its attention layers (self and cross) by module name: what the settings above reach."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, Attention)}
 
     @property
     def max_positions(self) -> int | None:
@@ -194,7 +219,7 @@ class ZooModel(Component, nn.Module):
         for table in self.vocab_tables().values():
             table[self.config.vocab_size :].zero_()  # the padding rows (vocab_multiple_of): read by nothing, zero
         n_layers = sum(len(s.blocks) for s in self.stacks())
-        for attn in (m for m in self.modules() if isinstance(m, Attention)):
+        for attn in self._attention().values():
             # without the 1/sqrt(head_dim) score scale (T5), fold it into q's init instead (Raffel et al.)
             attn.query_weight().mul_(attn.head_dim**-0.5 * attn.width_scale / attn.scale)
         for sublayer, placement in self.branches():
@@ -251,7 +276,7 @@ class ZooModel(Component, nn.Module):
         model = copy.deepcopy(self)
         with torch.no_grad():
             model.fold_logit_multiplier_(1.0 / width)
-            for attn in (m for m in model.modules() if isinstance(m, Attention)):
+            for attn in model._attention().values():
                 attn.fold_width_scale()
         model.config = self.config.replace(mup_base_d_model=None)
         return model

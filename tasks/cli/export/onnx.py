@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from tasks import ZooTask
 from tasks.cli.export.checker import RUNTIMES, Checking
 from tasks.errors import UserError
-from zoo.attention import Attention
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
@@ -71,9 +70,9 @@ def exporter_quiet() -> Iterator[None]:
 def onnx_program(task: ZooTask, opset: int) -> tuple[Any, ExportGraph]:
     """The task's graph traced by torch's ONNX exporter, with dynamic batch and sequence axes."""
     graph = ExportGraph(task).eval()
-    for layer in graph.modules():  # explicit matmuls: the exporter's view of the fused kernel's output
-        if isinstance(layer, Attention):  # layout differs from what its decomposition produces
-            layer.kernel = "math"
+    # explicit matmuls: the exporter's view of the fused kernel's output layout differs from what its
+    # decomposition produces
+    task.model.set_attention_kernel("math")
     inputs = graph.example_inputs()
     batch, seq, target = torch.export.Dim("batch"), torch.export.Dim("seq"), torch.export.Dim("target")
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
