@@ -140,7 +140,7 @@ def test_classifier_can_start_from_a_masked_lm_run(runs, tmp_path, capsys):
 
 @pytest.mark.parametrize("experiment", list(TINY))
 def test_safetensors_export_reloads_identically(runs, experiment, tmp_path):
-    from tasks.cli.export.exporting import export_safetensors
+    from tasks.cli.export.formats import export_safetensors
 
     task, info = load_task(runs[experiment] / "checkpoints" / "last.ckpt")
     assert export_safetensors(task, info, tmp_path) == 0.0
@@ -153,7 +153,7 @@ def test_safetensors_export_reloads_identically(runs, experiment, tmp_path):
 @pytest.mark.parametrize("experiment", ["gpt_generator", "bert_classifier", "t5_translator"])
 def test_onnx_export_matches_pytorch(runs, experiment, tmp_path):
     pytest.importorskip("onnxruntime")
-    from tasks.cli.export.exporting import export_onnx
+    from tasks.cli.export.formats import export_onnx
 
     task, info = load_task(runs[experiment] / "checkpoints" / "last.ckpt")
     assert export_onnx(task, info, tmp_path, opset=18) < 1e-4
