@@ -275,7 +275,7 @@ def test_a_run_from_an_hf_folder_trains_the_presets_padded_rows_and_exports_the_
     from hf_pretrained_folders import _gpt2
     from test_tasks import compose_train
 
-    from tasks.cli.training import train
+    from tasks.cli.train.training import train
 
     folder = _gpt2(tmp_path / "folder")
     theirs = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
