@@ -24,7 +24,7 @@ from torchmetrics import F1Score
 
 from tasks import TASKS
 from tasks.classifier import MacroF1
-from tasks.cli.training import train
+from tasks.cli.train.training import train
 from tasks.errors import DivergedError
 
 READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
