@@ -49,6 +49,7 @@ SETUPS = {  # name: (experiment, settings)
         ["trainer.accumulate_grad_batches=2", "++trainer.limit_train_batches=6", "trainer.val_check_interval=3"],
     ),
     "lora": ("gpt_generator", ["adapter=lora", "adapter.dropout=0.1"]),
+    "epoch_end": ("gpt_generator", ["trainer.val_check_interval=5"]),  # a validation after each epoch's last step
 }
 TIMING = ("perf/",)  # columns whose values are timings: present where the reference has them, any value
 
@@ -152,6 +153,10 @@ OTHERS = [  # a representative subset for the other setups
     ("lora", "backward", 6, "raise"),
     ("lora", "update", 6, "sigint"),
     ("lora", "checkpoint", 4, "raise"),
+    ("epoch_end", "validation", 5, "raise"),  # the validation after an epoch's last step: run again in that epoch
+    ("epoch_end", "validation", 5, "sigterm"),
+    ("epoch_end", "update", 5, "sigint"),  # held to the step's end, before its validation
+    ("epoch_end", "checkpoint", 5, "raise"),
 ]
 
 

@@ -261,7 +261,9 @@ def at_boundary(
       again);
     - a boundary at an epoch's last batch is the next epoch's start, with ``epoch`` + 1 epochs done (``epoch``:
       the index of the boundary's epoch; None: the one under way), however far Lightning had gone in ending that
-      epoch or starting the next (a SIGTERM stops it only once the epoch is counted done);
+      epoch or starting the next (a SIGTERM stops it only once the epoch is counted done), unless the validation
+      after that batch is run again first (below): that validation belongs to the epoch, which Lightning ends
+      after it;
     - when Lightning validates after the boundary's batch (by its own rule, as a restart applies it) and the
       validation after step ``trainer.global_step`` had not ended (``validated``), the checkpoint asks for
       it: the resumed run runs it whole before the next step; a restart there counts the step for the
@@ -274,7 +276,12 @@ def at_boundary(
         counts["ready"] = counts["started"] = counts["processed"] = counts["completed"] = read
     if unread:
         progress["is_last_batch"] = False
-    next_epoch = done >= trainer.num_training_batches  # the epoch's last step: the checkpoint is at the next's start
+    step = trainer.global_step
+    due = _validates_after(trainer, progress)
+    again = due and validated < step  # the validation after the step is run again, first
+    # the epoch's last step: the checkpoint is at the next epoch's start, unless the validation after that step
+    # is run again first: it belongs to the epoch (its rows carry it), which Lightning ends after it
+    next_epoch = done >= trainer.num_training_batches and not again
     if next_epoch:  # as Lightning has it at a new epoch's first batch (which it resumes right), none read
         epochs = fit_loop["epoch_progress"]
         if epoch is None:
@@ -293,10 +300,8 @@ def at_boundary(
     for state in fit_loop.get("state_dict", {}).get("combined_loader", []):
         if isinstance(state, dict) and set(state) == {"epoch", "batches"}:  # a ResumableLoader's
             state.update(epoch=state["epoch"] + 1, batches=0) if next_epoch else state.update(batches=done)
-    step = trainer.global_step
-    due = _validates_after(trainer, progress)
     fit_loop["epoch_loop.state_dict"]["_batches_that_stepped"] = step - 1 if due else step
-    if due and validated < step:  # Lightning's "restarted mid-evaluation", with no batch of it done
+    if again:  # Lightning's "restarted mid-evaluation", with no batch of it done
         val = fit_loop["epoch_loop.val_loop.batch_progress"]
         before = val["total"]["completed"] - (val["current"]["completed"] if trainer.validating else 0)
         val["total"].update(ready=before + 1, started=before + 1, processed=before, completed=before)
