@@ -22,14 +22,20 @@ def tiny_model(seed: int = 0, **overrides) -> zoo.ZooModel:
 
 @pytest.fixture(autouse=True)
 def _seed():
-    """Each test starts from seed 0, and ends with torch's thread count as it found it: a test that runs a
-    script's ``--threads`` in this process would otherwise leave it to later tests, whose in-process runs then
-    add in another order than the processes they start (the last bits of a loss: an exact-resume test fails)."""
+    """Each test starts from seed 0, and ends with torch's thread count and ``OMP_NUM_THREADS`` as it found
+    them: Lightning's launchers set both for the processes they start (one thread each of two), and a test
+    that starts them in this process would leave them to later tests, whose in-process runs would then add
+    in another order than the processes they start (the last bits of a loss: an exact-resume test fails)."""
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
+    threads, variable = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    if os.environ.get("OMP_NUM_THREADS") != variable:
+        if variable is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = variable
 
 
 @pytest.fixture(scope="session")
