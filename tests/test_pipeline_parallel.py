@@ -113,7 +113,8 @@ def _batch(kind: str, vocab: int) -> dict[str, torch.Tensor]:
     if kind == "classifier":
         return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2, 1, 2])}
     labels = torch.where(torch.rand(ids.shape, generator=g) < 0.3, ids, -100).masked_fill(mask == 0, -100)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    chosen = (labels != -100).flatten().nonzero().squeeze(1)  # as the collate finds them (MLMDataModule)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "chosen": chosen}
 
 
 @pytest.mark.parametrize(
