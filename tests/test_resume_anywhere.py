@@ -238,6 +238,8 @@ def test_a_run_killed_with_sigkill_resumes_exactly_from_its_last_checkpoint(refe
         **os.environ,
         "ZOO_TEST_FAULT": f"{phase}:{step}:sigkill",
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),  # this process's threads: the resume runs here (a thread
+        # count of its own would add in another order and part from the reference in the last bits)
         "HYDRA_FULL_ERROR": "0",
         "PYTHONWARNINGS": "ignore",
     }
