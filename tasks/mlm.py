@@ -55,6 +55,8 @@ class MLMTask(ZooTask):
         """The loss of the chosen positions' predictions from hidden states (B, T, D), labels (B, T)
         (-100 where not chosen) and ``chosen`` (N,), where the chosen positions are in the flattened
         (B*T) batch (the collate's); the stage's metrics are updated."""
+        if len(chosen) == 0:  # a batch of special tokens only (its shape, known to the host): nothing to learn
+            return hidden.sum() * 0.0
         # the head (dense, norm, vocabulary projection) runs on the chosen positions only
         logits = self.model.mlm_logits(hidden.flatten(0, 1).index_select(0, chosen))  # (N, V)
         labels = labels.flatten().index_select(0, chosen)  # (N,)

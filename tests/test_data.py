@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import zoo
+from tasks import MLMTask
 from tasks.cli.schemas import conf_dir
 from tasks.data import LMDataModule, MLMDataModule, TranslationDataModule
 from tasks.data.loading import BucketBatchSampler
@@ -95,6 +96,27 @@ def test_mlm_masking_follows_15_percent_and_80_10_10():
     assert abs(masked.sum() / chosen.sum() - 0.8) < 0.03
     assert abs(kept.sum() / chosen.sum() - 0.1) < 0.03  # (random replacements rarely hit the same token)
     assert (batch["input_ids"][~chosen] == torch.tensor(original)[~chosen]).all()
+
+
+def test_a_short_mlm_batch_that_draws_no_position_gets_one_and_its_loss_is_finite():
+    """At 15% a batch of one 4-token text draws no position about half the time: the collate then
+    chooses one of its ordinary tokens, so the mean loss is never an average over nothing (NaN)."""
+    dm = MLMDataModule(source="stdlib_docstrings", vocab_size=300, seq_len=64, max_records=50)
+    dm.tokenizer = train_tokenizer(TEXTS, "wordpiece", 300)
+    dm.prepare_tokenizer(dm.tokenizer)
+    short = [[SPECIALS.index("<s>"), 40, 41, 42]]
+    ordinary = torch.tensor(short[0]) >= len(SPECIALS)
+    for seed in range(40):
+        batch = dm.draw(dm.pad(short), torch.Generator().manual_seed(seed))
+        assert len(batch["chosen"]) >= 1, seed
+        assert ordinary.flatten()[batch["chosen"]].all()  # never a special token
+    settings = {"name": "adamw", "lr": 1e-3}
+    task = MLMTask(model=zoo.get_config("bert-tiny", vocab_size=300, mlm_head=True).to_dict(), optimizer=settings)
+    hidden = torch.randn(1, 4, task.model.config.d_model, requires_grad=True)
+    nothing = torch.zeros(0, dtype=torch.long)
+    loss = task.masked_loss(hidden, torch.full((1, 4), IGNORE), nothing, "train")
+    loss.backward()  # a batch of special tokens only: zero, and still a step autograd can take
+    assert loss.item() == 0.0 and hidden.grad is not None
 
 
 def test_translation_batches_shift_the_target_behind_the_start_token():

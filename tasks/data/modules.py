@@ -237,6 +237,9 @@ class MLMDataModule(PreparedDataModule):
         ordinary = ordinary[~torch.isin(ordinary, special)]  # the tokens a chosen one may become
         eligible = attention_mask.bool() & ~torch.isin(input_ids, special)
         chosen = (torch.rand(input_ids.shape, generator=generator) < self.mask_prob) & eligible
+        if not chosen.any() and eligible.any():  # a short batch may draw none: choose one of its tokens
+            place = eligible.flatten().nonzero().squeeze(1)
+            chosen.view(-1)[place[torch.randint(len(place), (), generator=generator)]] = True
         labels[~chosen] = IGNORE
         action = torch.rand(input_ids.shape, generator=generator)
         masked = input_ids.masked_fill(chosen & (action < 0.8), self.specials.mask)
