@@ -47,6 +47,12 @@ class Unimportable(StandIn):
         raise AssertionError("unreachable: the import fails first")
 
 
+class MissingDependency(Unimportable):
+    """Installed, but a module its import needs is not (llama-cpp-python installed with --no-deps)."""
+
+    package = "checker_stand_in_without_dependency"
+
+
 class Interrupted(StandIn):
     """The user's Ctrl-C while the check runs: SIGINT to zoo's process, then a check that never ends."""
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from checker_stand_ins import Disagrees, Hangs, Interrupted, Segfaults, Unimportable
+from checker_stand_ins import Disagrees, Hangs, Interrupted, MissingDependency, Segfaults, Unimportable
 from test_export_safety import assert_one_line_error, export_in_process
 
 from tasks.cli.export import checker
@@ -44,8 +44,9 @@ def only(folder: Path) -> list[str]:
         (Segfaults(), [], "llama.cpp crashed (SIGSEGV) while checking"),
         (Hangs(), ["checker.timeout=2"], "llama.cpp did not finish checking"),
         (Unimportable(), [], "llama.cpp could not be imported to check"),
+        (MissingDependency(), [], "llama.cpp could not be imported to check"),
     ],
-    ids=["segfault", "hang", "import"],
+    ids=["segfault", "hang", "import", "dependency"],
 )
 def test_a_checker_that_fails_keeps_the_export_in_one_line(
     gpt_base, tmp_path, monkeypatch, capsys, stand_in, args, said
@@ -57,7 +58,12 @@ def test_a_checker_that_fails_keeps_the_export_in_one_line(
     assert code == 3, captured.err
     assert_one_line_error(captured.err)
     assert f"zoo: Unchecked: {said} {out}/model.gguf" in captured.err
-    assert "; the file was written and is unchecked: " in captured.err and "stand-in fix" in captured.err
+    assert "; the file was written and is unchecked: " in captured.err
+    if isinstance(stand_in, MissingDependency):  # the module to install, not a rebuild
+        assert ": the module zoo_checker_absent_dependency it imports is not installed" in captured.err
+        assert "(pip install zoo_checker_absent_dependency)" in captured.err
+    else:
+        assert "stand-in fix" in captured.err
     assert f"exported {out}/model.gguf" in captured.out  # what transformers' check found, still said
     assert only(tmp_path) == ["exported"] and only(out) == EXPORTED  # whole, and no stage beside it
     assert json.loads((out / "config.json").read_text())["zoo_export"]["files"] == EXPORTED

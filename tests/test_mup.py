@@ -8,6 +8,7 @@ standard parametrization."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import warnings
@@ -183,6 +184,36 @@ def test_a_gguf_export_folds_the_multipliers_and_transformers_reads_the_same_log
     with torch.no_grad():
         ours, theirs, read = model.eval()(ids), hf.eval()(ids).logits, zoo.read_gguf(tmp_path / "m.gguf").model(ids)
     assert (ours - theirs).abs().max().item() < 1e-4 and (ours - read).abs().max().item() < 1e-4
+
+
+@pytest.mark.slow
+def test_zoo_export_gguf_of_a_mup_run_is_checked_by_the_runtimes_that_read_it(tmp_path):
+    """The real commands: a muP run (width 128, base 32) trained by zoo-train and exported by zoo-export
+    format=gguf, whose checks run the file in transformers and, where llama-cpp-python is installed, in
+    llama.cpp itself: both give the checkpoint's logits (within the export's tolerances) and its greedy tokens."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from test_reliability import run
+    from test_tasks import STEPS, TINY
+
+    steps = [s for s in STEPS if not s.startswith("trainer.max_steps")]
+    mup = ["model.d_model=128", "model.n_heads=4", "model.mup_base_d_model=32", "model.init_std=0.2"]
+    run_dir = tmp_path / "run"
+    done = run(
+        "train", "experiment=gpt_generator", "model=llama-tiny", *TINY["gpt_generator"], *steps,
+        "trainer.max_steps=4", "test=false", *mup, f"hydra.run.dir={run_dir}", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "gguf"
+    done = run(
+        "export", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", f"out={out}", "format=gguf", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "transformers' GGUF reload vs zoo: max abs diff" in done.stdout and "same greedy tokens" in done.stdout
+    if importlib.util.find_spec("llama_cpp") is not None:  # installed here: llama.cpp ran the file too
+        assert "llama.cpp runs it: max abs diff" in done.stdout, done.stdout
+        assert done.stdout.count("same greedy tokens") == 2, done.stdout
 
 
 def test_a_tied_head_with_no_norm_before_it_cannot_fold_and_says_so_in_one_line():

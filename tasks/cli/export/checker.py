@@ -178,6 +178,12 @@ class Checking:
             raise CheckerFailed(f"{runtime.name} ended with exit status {code} while checking {shown}", runtime.fix)
         with answer.open("rb") as f:
             kind, value = pickle.load(f)  # written by our own child, in our own temporary folder
+        if kind == "missing":
+            raise CheckerFailed(
+                f"{runtime.name} could not be imported to check {shown}: "
+                f"the module {value} it imports is not installed",
+                f"install it (pip install {value}), or uninstall {runtime.package} to skip this check",
+            )
         if kind == "import":
             raise CheckerFailed(f"{runtime.name} could not be imported to check {shown} ({value})", runtime.fix)
         if kind == "error":
@@ -210,7 +216,8 @@ def _said(error: BaseException) -> str:
 
 def child(request: Path, answer: Path, timeout: float) -> None:
     """The child process: load the runtime, run it, write ``(kind, value)`` to ``answer``: ``("ok",
-    result)``, ``("import", why)`` or ``("error", why)``. Its own alarm ends it should zoo be gone."""
+    result)``, ``("missing", module)``, ``("import", why)`` or ``("error", why)``. Its own alarm ends it
+    should zoo be gone."""
     signal.alarm(math.ceil(timeout) + 10)  # SIGALRM's default action ends even a native hang
 
     def say(kind: str, value: Any) -> None:
@@ -221,6 +228,9 @@ def child(request: Path, answer: Path, timeout: float) -> None:
         with request.open("rb") as f:
             runtime, file, inputs = pickle.load(f)
         library = runtime.load()
+    except ModuleNotFoundError as error:  # a module the runtime imports is not installed: which one
+        say("missing", error.name or _said(error))
+        return
     except Exception as error:  # ImportError, or a shared library that does not load (OSError, RuntimeError)
         say("import", _said(error))
         return
