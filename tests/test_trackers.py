@@ -172,3 +172,61 @@ def test_a_run_record_that_zoo_did_not_write_is_refused_in_one_line(text, tmp_pa
     assert known_run(tmp_path / "absent.json", "w") is None
     (tmp_path / "mlflow.json").write_text('{"where": "elsewhere", "run_id": "abc"}')
     assert known_run(tmp_path / "mlflow.json", "w") is None  # tracked in another store: a new run here
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_with_mlflow_groups_its_trials_and_shows_pruned_and_failed_ones(tmp_path):
+    """zoo_optuna with logger=mlflow: one experiment for the sweep, one run per trial with its sampled
+    values among the overrides; a trial the pruner stops is KILLED (zoo.ended Pruned), one the model
+    refuses is FAILED with the error's name, and the sweep goes on past both."""
+    from mlflow.tracking import MlflowClient
+
+    search = [  # a grid of 4 trials, all run: two pruned, two failed
+        "hydra/sweeper=zoo_optuna",
+        "optimizer.lr=choice(1e-3, 3e-3)",
+        "model.n_heads=choice(2, 3)",  # 3 does not divide d_model=32: that trial fails in the model's check
+        "hydra.sweeper.sampler=grid",
+        "hydra.sweeper.pruner=threshold",
+        "+hydra.sweeper.pruner_args.upper=0.0",  # no loss passes: a trial that runs is pruned
+        "hydra.sweeper.n_trials=4",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.train", "-m", *TINY, *search, "logger=mlflow", "test=false",
+         "trainer.max_steps=4", f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}", "hydra.sweep.dir=sweep"],
+        cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    (sweep,) = [e for e in client.search_experiments() if e.name == "gpt_generator sweep"]
+    runs = client.search_runs([sweep.experiment_id])
+    trials = sorted((r.data.params["model.n_heads"], r.data.params["optimizer.lr"]) for r in runs)
+    assert trials == [("2", "0.001"), ("2", "0.003"), ("3", "0.001"), ("3", "0.003")]  # one run per trial
+    for run in runs:
+        if run.data.params["model.n_heads"] == "2":
+            assert run.info.status == "KILLED" and run.data.tags["zoo.ended"] == "Pruned"
+            assert steps(client, run.info.run_id, "val/loss") == [2]  # stopped at its first validation
+        else:
+            assert run.info.status == "FAILED" and run.data.tags["zoo.ended"] == "ConfigError"
+        assert run.data.tags["zoo.sweep_dir"] == str(tmp_path / "sweep")
+        overrides = run.data.tags["zoo.overrides"]
+        assert f"model.n_heads={run.data.params['model.n_heads']}" in overrides and "optimizer.lr=" in overrides
+
+
+@pytest.mark.slow
+def test_a_grid_job_refused_at_its_checks_is_a_failed_wandb_run(tmp_path):
+    """A job whose composed model the checks refuse, in a grid multirun with logger=wandb: the line says
+    why, and W&B still has the job's run, its config and zoo.ended = the error's name."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.train", "-m", *TINY, "logger=wandb", "model.n_heads=3", "hydra.sweep.dir=g"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2 and "ConfigError: n_heads=3 does not divide d_model=32" in done.stderr  # a user error
+    (log,) = (tmp_path / "g" / "0" / "wandb").glob("offline-run-*/run-*.wandb")
+    config, summary = {}, {}
+    for record in records(log):
+        if record.HasField("config"):
+            config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+        if record.HasField("summary"):
+            summary.update({item.key: json.loads(item.value_json) for item in record.summary.update})
+    assert config["model.n_heads"] == 3 and summary["zoo.ended"] == "ConfigError"

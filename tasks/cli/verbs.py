@@ -38,12 +38,26 @@ def _train(cfg: DictConfig) -> float | None:
 
 
 def _train_job(cfg: DictConfig) -> float | None:
-    check_values(cfg)  # the values a run would trip on later (tasks.cli.values): before Lightning too
-    if not (cfg.get("init_from") or cfg.get("resume")):  # else the model is the source's or the run's, read later
-        check_model(cfg)  # the model's own rules (ModelConfig.validate): as fast as a typo
+    try:
+        check_values(cfg)  # the values a run would trip on later (tasks.cli.values): before Lightning too
+        if not (cfg.get("init_from") or cfg.get("resume")):  # else the model is the source's or the run's
+            check_model(cfg)  # the model's own rules (ModelConfig.validate): as fast as a typo
+    except Exception:
+        if _a_job_of_a_multirun():  # a sweep's job refused here is still a FAILED run in its trackers
+            from tasks.run.trackers import track_refusal  # (Lightning's loggers: not loaded for a typo)
+
+            track_refusal(cfg)
+        raise
     from tasks.cli.train.training import run  # a Ctrl-C while it loads is "zoo: interrupted" too
 
     return run(cfg)
+
+
+def _a_job_of_a_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def evaluate() -> dict[str, float]:

@@ -19,13 +19,16 @@ import json
 import re
 import secrets
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from tasks.errors import EndedOnPurpose, UserError
 from tasks.run.loggers import zoo_step
@@ -39,8 +42,11 @@ def run_config(run_dir: Path) -> dict[str, Any]:
     """The run's resolved config (``<run dir>/config.yaml``, written before training starts), flattened
     to ``{"model.n_layers": 2, …}``; empty when the run has none (yet)."""
     path = run_dir / "config.yaml"
-    if not path.is_file():
-        return {}
+    return flattened(OmegaConf.to_container(OmegaConf.load(path), resolve=False)) if path.is_file() else {}
+
+
+def flattened(config: Any) -> dict[str, Any]:
+    """A nested config as ``{"model.n_layers": 2, …}``."""
     flat: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -50,7 +56,7 @@ def run_config(run_dir: Path) -> dict[str, Any]:
         else:
             flat[prefix] = node
 
-    walk(OmegaConf.to_container(OmegaConf.load(path), resolve=False), "")
+    walk(config, "")
     return flat
 
 
@@ -99,7 +105,40 @@ def how_it_ended(status: str) -> tuple[str, str]:
     return "FAILED", type(error).__name__
 
 
-class MLflowLogger(LightningMLFlowLogger):
+class Tracker:
+    """A logger that keeps runs in a store of its own (MLflow, W&B). ``log_config`` logs a flattened
+    config as the run's parameters; ``finalize`` says how the run ended (``how_it_ended``)."""
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+def track_refusal(cfg: DictConfig) -> None:
+    """Called where a sweep's job is refused before its trainer exists (a sampled combination the model
+    cannot take), inside the ``except``: the job is still a run in each tracker it asked for, FAILED with
+    the error's name and the job's composed config, so the sweep's experiment shows every trial. A single
+    run refused at its checks is not tracked: it never started."""
+    if sweep_folder() is None:
+        return
+    for node in (cfg.get("logger") or {}).values():
+        if node and "_target_" in node and issubclass(get_class(node._target_), Tracker):
+            with suppress(Exception):  # best effort: the job's own error is what the sweep records
+                tracker = instantiate(node)
+                tracker.log_config(flattened(OmegaConf.to_container(cfg, resolve=False)))
+                tracker.finalize("failed")  # inside the caller's except: FAILED with the error's name
+
+
+@contextmanager
+def refusals_tracked(cfg: DictConfig) -> Iterator[None]:
+    """``track_refusal`` for an error raised inside."""
+    try:
+        yield
+    except Exception:
+        track_refusal(cfg)
+        raise
+
+
+class MLflowLogger(Tracker, LightningMLFlowLogger):
     """Lightning's MLflow logger, tracking a zoo run: an experiment per task (per sweep folder for a
     ``-m`` job), a run per run directory (the same run on resume), the resolved config as parameters
     and ``config.yaml`` as an artifact, tags ``zoo.run_dir``, ``zoo.overrides`` (and ``zoo.sweep_dir``,
@@ -130,10 +169,13 @@ class MLflowLogger(LightningMLFlowLogger):
     def log_hyperparams(self, params: Any) -> None:
         """The run's resolved config (not Lightning's ``params``); on resume, only keys the run lacks (an
         MLflow parameter cannot change: a changed value is kept as a ``zoo.resumed.<key>`` tag)."""
+        self.log_config(run_config(self.run_dir))
+
+    def log_config(self, config: dict[str, Any]) -> None:
         from mlflow.entities import Param, RunTag
 
         client, run_id = self.experiment, self.run_id
-        config = {k: str(v)[:PARAM_CHARS] for k, v in run_config(self.run_dir).items()}
+        config = {k: str(v)[:PARAM_CHARS] for k, v in config.items()}
         have: dict[str, str] = {}
         if self.resumed_id:
             client.update_run(run_id, status="RUNNING")
@@ -159,7 +201,7 @@ class MLflowLogger(LightningMLFlowLogger):
         super().finalize(ended)
 
 
-class WandbLogger(LightningWandbLogger):
+class WandbLogger(Tracker, LightningWandbLogger):
     """Lightning's W&B logger, tracking a zoo run: offline unless ``mode=online``, its files in the run
     directory, a project per task, a group per sweep folder, the same W&B run on resume (its id kept in
     ``wandb.json``), the resolved config as the run's config."""
@@ -189,8 +231,11 @@ class WandbLogger(LightningWandbLogger):
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
         """The run's resolved config (not Lightning's ``params``), and where the run lives."""
+        self.log_config(run_config(self.run_dir))
+
+    def log_config(self, config: dict[str, Any]) -> None:
         plain = (int, float, bool, type(None))
-        config = {k: v if isinstance(v, plain) else str(v)[:PARAM_CHARS] for k, v in run_config(self.run_dir).items()}
+        config = {k: v if isinstance(v, plain) else str(v)[:PARAM_CHARS] for k, v in config.items()}
         config["zoo.run_dir"] = str(self.run_dir)
         self.experiment.config.update(config, allow_val_change=True)
         atomic_write_text(self.run_dir / self.RECORD, json.dumps({"where": self.mode, "run_id": self.run_id}))

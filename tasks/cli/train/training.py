@@ -38,6 +38,7 @@ from tasks.run.checkpoints import ZooCheckpointIO
 from tasks.run.loggers import CSVLogger
 from tasks.run.resume import validation_again
 from tasks.run.run_dirs import claim_run_dir, release_runs
+from tasks.run.trackers import refusals_tracked
 from tasks.strategy import strategy_of
 
 
@@ -52,11 +53,13 @@ def train(cfg: DictConfig) -> float | None:
 
 def train_run(cfg: DictConfig) -> float | None:
     """The run as a straight line: plan (everything read and checked), build, fit, test, summarise."""
-    plan = plan_run(cfg)  # bad combinations, values and files stop here, before any data is read
+    with refusals_tracked(cfg):  # a sweep's job refused here is still a FAILED run in its trackers
+        plan = plan_run(cfg)  # bad combinations, values and files stop here, before any data is read
     if plan.writes:  # in a distributed run the other processes start this script too
         claim_run_dir(plan.run_dir, resume_from=plan.ckpt_path, dry_run=True)  # refuse another run's directory now
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule, task = build(cfg, plan)
+    with refusals_tracked(cfg):
+        datamodule, task = build(cfg, plan)
     trainer = build_trainer(cfg, plan)
     if plan.writes:  # the first writes: everything above has loaded and been checked
         claim_and_write(plan, datamodule, task, trainer.loggers)
