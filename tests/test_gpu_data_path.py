@@ -44,3 +44,32 @@ def test_a_data_module_pins_its_batches_when_the_trainer_runs_on_a_gpu(tmp_path)
         strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), overfit_batches=0
     )
     assert datamodule.train_dataloader().pin_memory and datamodule.val_dataloader().pin_memory
+
+
+def test_a_masked_lm_batch_drawn_after_the_loader_is_pinned_for_a_gpu(monkeypatch):
+    """The masked LM draws its masks in the main process, after the loader pinned the padded batch: the
+    drawn tensors are new, so they are pinned there too (a pageable batch's copy to the GPU waits for the
+    stream). CPU-only here: pin_memory is replaced by a stand-in that records what it pinned."""
+    from tasks.data import loading
+    from tasks.data.loading import ListDataset, ResumableLoader, ShuffledBatchSampler
+
+    held: list[torch.Tensor] = []
+
+    def pin(tensor: torch.Tensor) -> torch.Tensor:
+        held.append(tensor.clone())
+        return held[-1]
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(loading.torch.cuda, "is_available", lambda: True)
+
+    def draw(batch: torch.Tensor, generator: torch.Generator) -> dict:
+        return {"input_ids": batch + 1, "chosen": [torch.randperm(3, generator=generator)], "padded": 0}
+
+    data = ListDataset(torch.arange(24).view(8, 3))
+    for pins in (False, True):
+        held.clear()
+        loader = ResumableLoader(data, ShuffledBatchSampler(8, 4, seed=0), collate_fn=torch.stack, draw=draw)
+        loader.pin_memory = pins  # what feeding("cuda", ...) gives (the DataLoader's own pinning: off on a CPU)
+        for batch in loader:
+            tensors = [batch["input_ids"], *batch["chosen"]]
+            assert all(any(t is h for h in held) for t in tensors) == pins and batch["padded"] == 0
