@@ -20,12 +20,14 @@ from omegaconf import open_dict
 from test_gpu_config import GPU_ON_CPU
 from test_tasks import TINY, compose_train
 from torch.utils._python_dispatch import TorchDispatchMode
-from torchmetrics import F1Score
+from torchmetrics import Accuracy, F1Score
 
+import zoo
 from tasks import TASKS
 from tasks.classifier import MacroF1
 from tasks.cli.train.training import train
 from tasks.errors import DivergedError
+from tasks.mlm import MaskedAccuracy, MLMTask
 
 READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
 # ops whose output's size depends on the values: the host learns that size from the device before it can
@@ -68,8 +70,9 @@ def in_data_path() -> bool:
 
 
 class HostReads(TorchDispatchMode):
-    """Counts, by op, the host reads and the ops sized by data (outside the CPU data path) dispatched
-    while it is on."""
+    """Counts, by op, the host reads and the ops sized by data dispatched while it is on, outside the data
+    path (the collate and the masked LM's draw work on CPU tensors before the batch is sent, on any machine:
+    nothing there waits for a device)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -77,7 +80,7 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in READS or (sized_by_data(func, args, kwargs) and not in_data_path()):
+        if (func in READS or sized_by_data(func, args, kwargs)) and not in_data_path():
             self.reads[str(func)] += 1
         return func(*args, **kwargs)
 
@@ -145,6 +148,36 @@ def test_the_counter_sees_each_op_sized_by_data_and_not_a_selection_by_indices()
         "aten.repeat_interleave.Tensor": 1,
         "aten._local_scalar_dense.default": 1,
     }
+
+
+def test_the_masked_lms_accuracy_is_torchmetrics_accuracy_with_ignore_index():
+    """MaskedAccuracy (a mask, no boolean index) against torchmetrics' micro Accuracy over the entries that
+    count, with and without a mask, and over a batch where none counts."""
+    torch.manual_seed(0)
+    ours, theirs = MaskedAccuracy(), Accuracy(task="multiclass", num_classes=5, ignore_index=-100)
+    for n, share in ((9, 1.0), (12, 0.5), (6, 0.0)):
+        predictions, labels = torch.randint(0, 5, (n,)), torch.randint(0, 5, (n,))
+        counts = torch.rand(n) < share
+        ours.update(predictions, labels, None if share == 1.0 else counts)
+        theirs.update(predictions, labels.masked_fill(~counts, -100))
+    assert torch.allclose(ours.compute(), theirs.compute())
+
+
+def test_a_pipelines_masked_lm_loss_reads_nothing_from_the_device():
+    """trainer=pp's last stage: a microbatch's masked-LM loss and accuracy from the collate's row-by-row
+    positions, with no op sized by data (it found them with a nonzero of the labels before)."""
+    task = MLMTask(model=zoo.get_config("bert-tiny", mlm_head=True).to_dict(), optimizer={"lr": 1e-3})
+    labels = torch.full((2, 6), -100).index_put_((torch.tensor([0, 0, 1]), torch.tensor([1, 4, 2])), torch.tensor(7))
+    target = {"labels": labels, "chosen_rows": torch.tensor([[1, 4], [2, -1]])}
+    hidden = torch.randn(2, 6, task.model.config.d_model, requires_grad=True)
+    with HostReads() as mode:
+        task.pipeline_loss(hidden, target, "train").backward()
+    assert not mode.reads, dict(mode.reads)
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(
+            task.model.mlm_logits(hidden[[0, 0, 1], [1, 4, 2]]), torch.full((3,), 7), reduction="sum"
+        )
+        torch.testing.assert_close(task.pipeline_loss(hidden, target, "val"), want)
 
 
 def test_the_classifiers_f1_is_torchmetrics_macro_f1():

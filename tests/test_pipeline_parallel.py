@@ -114,7 +114,10 @@ def _batch(kind: str, vocab: int) -> dict[str, torch.Tensor]:
         return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2, 1, 2])}
     labels = torch.where(torch.rand(ids.shape, generator=g) < 0.3, ids, -100).masked_fill(mask == 0, -100)
     chosen = (labels != -100).flatten().nonzero().squeeze(1)  # as the collate finds them (MLMDataModule)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "chosen": chosen}
+    per_row = [(row != -100).nonzero().squeeze(1).tolist() for row in labels]  # and row by row, -1 after
+    width = max(len(r) for r in per_row)
+    rows = torch.tensor([r + [-1] * (width - len(r)) for r in per_row])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "chosen": chosen, "chosen_rows": rows}
 
 
 @pytest.mark.parametrize(
@@ -141,6 +144,8 @@ def test_a_tasks_microbatch_losses_sum_to_its_batch_loss(kind, pooling):
     cut = task.pipeline_batch(batch)
     with torch.no_grad():
         whole = task.model_step(batch, 0, "val")
+        metrics = {k: v.item() for k, v in task.metrics_at("val").compute().items()}
+        task.metrics_at("val").reset()
         total = torch.zeros(())
         for rows in torch.arange(4).tensor_split(2):  # two microbatches, as the schedule cuts the rows
             extra = {k: v[rows] for k, v in cut.extra.items()}
@@ -150,6 +155,7 @@ def test_a_tasks_microbatch_losses_sum_to_its_batch_loss(kind, pooling):
             )
             total += task.pipeline_loss(hidden, {k: v[rows] for k, v in cut.target.items()}, "val")
     torch.testing.assert_close(total / cut.items, whole)
+    assert {k: v.item() for k, v in task.metrics_at("val").compute().items()} == pytest.approx(metrics)
 
 
 @pytest.mark.parametrize(

@@ -249,7 +249,17 @@ class MLMDataModule(PreparedDataModule):
         # where the chosen positions are in the flattened (B*T) batch: found here on the CPU, the step
         # selects them with index_select, not a boolean index (the host would wait on the device for the count)
         chosen_at = chosen.flatten().nonzero().squeeze(1)  # (N,)
-        return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels, "chosen": chosen_at}
+        # and row by row, for a pipeline's microbatches (trainer=pp): each row's positions, then -1, (B, K)
+        counts = chosen.sum(1)
+        first = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, : max(int(counts.max()), 1)]
+        rows = first.masked_fill(torch.arange(first.shape[1]) >= counts.unsqueeze(1), -1)
+        return {
+            "input_ids": masked,
+            "attention_mask": attention_mask,
+            "labels": labels,
+            "chosen": chosen_at,
+            "chosen_rows": rows,
+        }
 
     def pad(self, batch: list[list[int]]) -> dict[str, Tensor]:
         ids, mask = pad_batch(batch, self.specials.pad), length_mask(batch)
