@@ -2,7 +2,8 @@
 # zoo as a user receives it: build the sdist and, from it, the wheel; install the wheel into a fresh
 # virtual environment in a folder outside this checkout; from there import every module of zoo/, tasks/
 # and hydra_plugins/ and run every verb on tiny settings (the four experiments, zoo-generate, zoo-eval,
-# zoo-export format=hf, trainer=tp on 2 gloo processes, a two-trial sweep and zoo-sweep-report).
+# zoo-export format=hf, trainer=tp on 2 gloo processes, a two-trial sweep and zoo-sweep-report, and with
+# the tracking extra the muP search tracked in MLflow).
 #
 #   scripts/wheel_check.sh            # about 6 minutes on 2 CPU cores (.ci/run runs it)
 #
@@ -73,4 +74,19 @@ zoo-train -m hydra/sweeper=zoo_optuna "optimizer.lr=tag(log, interval(1e-4, 1e-2
   hydra.sweeper.sampler=random hydra.sweeper.seed=0 "${tiny[@]}" "${gpt[@]}" test=false hydra.sweep.dir=sweep
 zoo-sweep-report sweep
 test -f sweep/sweep_report.md
+step "the tracking extra: the muP search on the narrow model, tracked in MLflow"
+pip_install "$wheel[tracking]"
+zoo-train -m hparams_search=gpt_generator_mup_optuna logger=mlflow hydra.sweeper.n_trials=1 data.vocab_size=300 \
+  data.seq_len=32 trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 \
+  trainer.num_sanity_val_steps=0 "${gpt[@]}" test=false hydra.sweep.dir=mup
+python - <<'PY'
+from mlflow.tracking import MlflowClient
+
+client = MlflowClient("sqlite:///outputs/mlflow.db")
+(experiment,) = [e for e in client.search_experiments() if e.name == "gpt_generator mup"]
+(run,) = client.search_runs([experiment.experiment_id])
+assert run.info.status == "FINISHED" and run.data.params["model.mup_base_d_model"] == "64", run
+assert [m.step for m in client.get_metric_history(run.info.run_id, "val/loss")] == [2]
+print(f"MLflow: run {run.info.run_id} of experiment {experiment.name!r}, {len(run.data.params)} parameters")
+PY
 step "the wheel trains and runs every verb outside the tree"

@@ -7,7 +7,8 @@ AdamW steps at one learning rate on one batch of random tokens; the movement is 
 |activation after - activation before| over a fixed input. Under muP it stays flat across widths;
 under the standard parametrization it grows with width, which is why the best learning rate moves.
 
-    python -m scripts.mup.coord_check          # docs/mup/coord_check.png and coord_check.json
+    python -m scripts.mup.coord_check                     # docs/mup/coord_check.png and coord_check.json
+    python -m scripts.mup.coord_check --optimizer muon    # the same under Muon: coord_check_muon.png/.json
 
 The model is built with ``zoo.build_model`` and trained by ``tasks.optim.build_optimizer``: what a
 user of the library or zoo-train gets.
@@ -103,7 +104,23 @@ def growth(by_width: dict[int, dict[str, float]], name: str) -> float:
     return by_width[widths[-1]][name] / by_width[widths[0]][name]
 
 
-def figure(found: dict, path: Path) -> None:
+MUON = {  # conf/optimizer/muon.yaml's settings, without weight decay (as AdamW's here)
+    "name": "muon",
+    "momentum": 0.95,
+    "nesterov": True,
+    "ns_steps": 5,
+    "adjust_lr_fn": "match_rms_adamw",
+    "weight_decay": 0.0,
+    "adamw_lr": None,
+    "betas": [0.9, 0.95],
+    "eps": 1e-8,
+    "fused": None,
+}
+OPTIMIZERS = {"adamw": None, "muon": MUON}
+NAMES = {"adamw": "AdamW", "muon": "Muon"}
+
+
+def figure(found: dict, path: Path, optimizer: str = "adamw") -> None:
     import matplotlib.ticker
 
     _, fig, axes = panels()
@@ -118,8 +135,9 @@ def figure(found: dict, path: Path) -> None:
     save(
         fig,
         axes,
-        ylabel="mean |Δ activation| after 5 AdamW steps",
-        title="Coordinate check: zoo decoder, 2 layers, head size 16, lr 1e-2 (python -m scripts.mup.coord_check)",
+        ylabel=f"mean |Δ activation| after 5 {NAMES[optimizer]} steps",
+        title="Coordinate check: zoo decoder, 2 layers, head size 16, lr 1e-2 "
+        f"(python -m scripts.mup.coord_check{'' if optimizer == 'adamw' else ' --optimizer ' + optimizer})",
         path=path,
     )
 
@@ -128,12 +146,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.perf_counter()
-    found = check(seeds=tuple(range(args.seeds)))
+    found = check(seeds=tuple(range(args.seeds)), optimizer=OPTIMIZERS[args.optimizer])
+    suffix = "" if args.optimizer == "adamw" else f"_{args.optimizer}"
     record = {
-        "command": "python -m scripts.mup.coord_check",
+        "command": "python -m scripts.mup.coord_check" + (f" --optimizer {args.optimizer}" if suffix else ""),
         "date": time.strftime("%Y-%m-%d"),
         "setup": {
             "widths": list(WIDTHS),
@@ -142,7 +162,7 @@ def main() -> None:
             "n_layers": 2,
             "steps": 5,
             "lr": 1e-2,
-            "optimizer": "adamw",
+            "optimizer": OPTIMIZERS[args.optimizer] or "adamw",
             "seeds": args.seeds,
             "batch": 4,
             "seq_len": 16,
@@ -151,11 +171,11 @@ def main() -> None:
         "growth_512_over_64": {k: {n: growth(found[k], n) for n in found[k][WIDTHS[0]]} for k in found},
         "seconds": round(time.perf_counter() - start, 1),
     }
-    write_json(args.out / "coord_check.json", record)
-    figure(found, args.out / "coord_check.png")
+    write_json(args.out / f"coord_check{suffix}.json", record)
+    figure(found, args.out / f"coord_check{suffix}.png", args.optimizer)
     for key, ratios in record["growth_512_over_64"].items():
         print(key, {n: round(r, 2) for n, r in ratios.items()})
-    print(f"{record['seconds']} s; wrote {args.out / 'coord_check.json'} and coord_check.png")
+    print(f"{record['seconds']} s; wrote {args.out / f'coord_check{suffix}.json'} and coord_check{suffix}.png")
 
 
 if __name__ == "__main__":
