@@ -121,8 +121,8 @@ def track_refusal(cfg: DictConfig) -> None:
     if sweep_folder() is None:
         return
     for node in (cfg.get("logger") or {}).values():
-        if node and "_target_" in node and issubclass(get_class(node._target_), Tracker):
-            with suppress(Exception):  # best effort: the job's own error is what the sweep records
+        with suppress(Exception):  # best effort: the job's own error is what the sweep records
+            if node and "_target_" in node and issubclass(get_class(node._target_), Tracker):
                 tracker = instantiate(node)
                 tracker.log_config(flattened(OmegaConf.to_container(cfg, resolve=False)))
                 tracker.finalize("failed")  # inside the caller's except: FAILED with the error's name
