@@ -230,3 +230,48 @@ def test_a_grid_job_refused_at_its_checks_is_a_failed_wandb_run(tmp_path):
         if record.HasField("summary"):
             summary.update({item.key: json.loads(item.value_json) for item in record.summary.update})
     assert config["model.n_heads"] == 3 and summary["zoo.ended"] == "ConfigError"
+
+
+@pytest.mark.parametrize(("logger", "package"), [("mlflow", "mlflow"), ("wandb", "wandb")])
+def test_a_tracker_whose_package_is_missing_is_refused_in_one_line_before_data_is_read(
+    logger, package, tmp_path, monkeypatch
+):
+    from test_tasks import compose_train
+
+    from tasks.cli.train.checks import check_composition
+    from tasks.errors import UserError
+    from tasks.run import trackers
+
+    real = trackers.importlib.util.find_spec
+    monkeypatch.setattr(
+        trackers.importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a)
+    )
+    cfg = compose_train("gpt_generator", tmp_path, f"logger={logger}")
+    with pytest.raises(
+        UserError, match=rf"^logger.{logger} needs the package {package}, which is not installed: "
+    ) as e:
+        check_composition(cfg)
+    assert 'pip install "zoo[tracking]"' in str(e.value) and "\n" not in str(e.value)
+    check_composition(compose_train("gpt_generator", tmp_path, "logger=csv"))  # the csv logger needs nothing
+
+
+def test_a_logger_of_lightnings_whose_package_is_missing_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """logger=tensorboard where neither tensorboard nor tensorboardX is installed: Lightning's
+    ModuleNotFoundError as zoo's one line, naming the logger's key, not a traceback."""
+    import lightning.fabric.loggers.tensorboard as fabric_tensorboard
+    from test_tasks import STEPS
+    from test_tasks import TINY as TASK_TINY
+
+    from tasks.cli import verbs
+
+    monkeypatch.setattr(fabric_tensorboard, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(fabric_tensorboard, "_TENSORBOARDX_AVAILABLE", False)
+    monkeypatch.chdir(tmp_path)
+    args = [*TASK_TINY["gpt_generator"], *STEPS, "logger=tensorboard", f"hydra.run.dir={tmp_path / 'run'}"]
+    monkeypatch.setattr(sys, "argv", ["zoo-train", *args])
+    with pytest.raises(SystemExit) as ended:
+        verbs.train()
+    err = capsys.readouterr().err.strip()
+    assert ended.value.code == 2 and "\n" not in err, err
+    assert err.startswith("zoo: UserError: logger.tensorboard: Neither `tensorboard` nor `tensorboardX` is available")
+    assert err.endswith("; install it, or choose another logger")

@@ -34,6 +34,7 @@ from tasks.cli.hydra_callbacks import discard_own_run_dir
 from tasks.errors import DivergedError, RunFailed, UserError, os_error, parse_error
 
 USER_ERRORS = (zoo.ConfigError, zoo.CheckpointError, UserError)
+OWN_PACKAGES = ("zoo", "tasks", "hydra_plugins")  # a module of these missing is a broken install or a bug: traceback
 """Exceptions whose message is the whole story: a verb prints it in one line and exits 2."""
 
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
@@ -89,6 +90,10 @@ def _not_built(error: InstantiationException) -> tuple[BaseException, int] | Non
         return zoo.ConfigError(f"{where}: {cause}; remove that key or check its name"), 2
     if str(error).startswith("Error locating target"):
         return zoo.ConfigError(f"{where}: {str(error).splitlines()[0]}"), 2
+    if isinstance(cause, ImportError) and (cause.name or "").split(".")[0] not in OWN_PACKAGES:
+        # a package the component needs is not installed (Lightning's TensorBoardLogger without tensorboard)
+        said = str(cause).strip().splitlines()[0] if str(cause).strip() else f"no module named {cause.name}"
+        return UserError(f"{where}: {said}; install it, or choose another {where.split('.')[0]}"), 2
     return None
 
 

@@ -15,6 +15,7 @@ its history (``metrics.csv`` keeps the resumed one).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import secrets
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
@@ -106,8 +107,20 @@ def how_it_ended(status: str) -> tuple[str, str]:
 
 
 class Tracker:
-    """A logger that keeps runs in a store of its own (MLflow, W&B). ``log_config`` logs a flattened
-    config as the run's parameters; ``finalize`` says how the run ended (``how_it_ended``)."""
+    """A logger that keeps runs in a store of its own (MLflow, W&B), from the package ``package`` (the
+    ``tracking`` extra). ``log_config`` logs a flattened config as the run's parameters; ``finalize`` says
+    how the run ended (``how_it_ended``)."""
+
+    package: ClassVar[str]
+
+    @classmethod
+    def check_installed(cls, key: str) -> None:
+        """Refuse ``logger.<key>`` in one line, before any data is read, where its package is missing."""
+        if importlib.util.find_spec(cls.package) is None:
+            raise UserError(
+                f"logger.{key} needs the package {cls.package}, which is not installed: "
+                f'pip install "zoo[tracking]" (or pip install {cls.package}), or choose another logger'
+            )
 
     def log_config(self, config: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -144,7 +157,7 @@ class MLflowLogger(Tracker, LightningMLFlowLogger):
     and ``config.yaml`` as an artifact, tags ``zoo.run_dir``, ``zoo.overrides`` (and ``zoo.sweep_dir``,
     ``zoo.ended``). Checkpoints are logged as artifacts only with ``log_checkpoints=true``."""
 
-    RECORD = "mlflow.json"
+    RECORD, package = "mlflow.json", "mlflow"
 
     def __init__(
         self, *, run_dir: str, tracking_uri: str, experiment: str, artifacts: str, log_checkpoints: bool = False
@@ -206,7 +219,7 @@ class WandbLogger(Tracker, LightningWandbLogger):
     directory, a project per task, a group per sweep folder, the same W&B run on resume (its id kept in
     ``wandb.json``), the resolved config as the run's config."""
 
-    RECORD = "wandb.json"
+    RECORD, package = "wandb.json", "wandb"
 
     def __init__(self, *, run_dir: str, project: str, mode: str = "offline", **kwargs: Any) -> None:
         if mode not in ("offline", "online"):

@@ -42,8 +42,24 @@ def check_composition(cfg: DictConfig) -> zoo.ModelConfig:
             file=sys.stderr,
         )
     check_strategy(cfg, model)
+    check_loggers(cfg)
     check_fits(cfg, model)
     return model
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """A logger class that can refuse its own node (``check_installed(key)``: a tracker whose package is
+    not installed) refuses it now, before data is read; a ``_target_`` that does not resolve is left to
+    Hydra's own line when the loggers are built."""
+    for key, node in (cfg.get("logger") or {}).items():
+        if node and "_target_" in node:
+            try:
+                logger = get_class(node._target_)
+            except ImportError:
+                continue
+            check = getattr(logger, "check_installed", None)
+            if check is not None:
+                check(key)
 
 
 def check_strategy(cfg: DictConfig, model: zoo.ModelConfig) -> None:
