@@ -190,12 +190,10 @@ def test_an_optuna_sweep_with_mlflow_groups_its_trials_and_shows_pruned_and_fail
         "+hydra.sweeper.pruner_args.upper=0.0",  # no loss passes: a trial that runs is pruned
         "hydra.sweeper.n_trials=4",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli.train", "-m", *TINY, *search, "logger=mlflow", "test=false",
-         "trainer.max_steps=4", f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}", "hydra.sweep.dir=sweep"],
-        cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    storage = f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}"
+    zoo_train(
+        tmp_path, "-m", *search, "logger=mlflow", "test=false", "trainer.max_steps=4", storage, "hydra.sweep.dir=sweep"
+    )
     client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     (sweep,) = [e for e in client.search_experiments() if e.name == "gpt_generator sweep"]
     runs = client.search_runs([sweep.experiment_id])

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 import zoo
 from scripts.mup.common import BASE, HEAD_DIM, OUT, panels, save, write_json
+from tasks.cli.schemas import conf_dir
 from tasks.optim import build_optimizer
 
 WIDTHS = (64, 128, 256, 512)
@@ -104,18 +106,11 @@ def growth(by_width: dict[int, dict[str, float]], name: str) -> float:
     return by_width[widths[-1]][name] / by_width[widths[0]][name]
 
 
-MUON = {  # conf/optimizer/muon.yaml's settings, without weight decay (as AdamW's here)
-    "name": "muon",
-    "momentum": 0.95,
-    "nesterov": True,
-    "ns_steps": 5,
-    "adjust_lr_fn": "match_rms_adamw",
-    "weight_decay": 0.0,
-    "adamw_lr": None,
-    "betas": [0.9, 0.95],
-    "eps": 1e-8,
-    "fused": None,
-}
+MUON = {  # conf/optimizer/muon.yaml's settings, without weight decay (as AdamW's here) and at the check's lr
+    key: value
+    for key, value in OmegaConf.to_container(OmegaConf.load(Path(conf_dir()) / "optimizer" / "muon.yaml")).items()
+    if key != "lr"
+} | {"weight_decay": 0.0}
 OPTIMIZERS = {"adamw": None, "muon": MUON}
 NAMES = {"adamw": "AdamW", "muon": "Muon"}
 

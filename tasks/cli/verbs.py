@@ -21,7 +21,7 @@ from tasks.cli.console import quote_free_text
 from tasks.cli.schemas import conf_dir, register_configs, register_data_schemas
 from tasks.cli.values import check_model, check_values
 from tasks.errors import RAISE_ERRORS_ENV
-from tasks.run.run_dirs import evals_dir
+from tasks.run.run_dirs import evals_dir, sweep_folder
 
 
 def train() -> float | None:
@@ -43,7 +43,7 @@ def _train_job(cfg: DictConfig) -> float | None:
         if not (cfg.get("init_from") or cfg.get("resume")):  # else the model is the source's or the run's
             check_model(cfg)  # the model's own rules (ModelConfig.validate): as fast as a typo
     except Exception:
-        if _a_job_of_a_multirun():  # a sweep's job refused here is still a FAILED run in its trackers
+        if sweep_folder() is not None:  # a sweep's job refused here is still a FAILED run in its trackers
             from tasks.run.trackers import track_refusal  # (Lightning's loggers: not loaded for a typo)
 
             track_refusal(cfg)
@@ -51,13 +51,6 @@ def _train_job(cfg: DictConfig) -> float | None:
     from tasks.cli.train.training import run  # a Ctrl-C while it loads is "zoo: interrupted" too
 
     return run(cfg)
-
-
-def _a_job_of_a_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def evaluate() -> dict[str, float]:

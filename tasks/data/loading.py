@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 
@@ -194,15 +195,9 @@ def feeding(device_type: str, num_workers: int) -> dict[str, bool]:
 
 
 def pinned(batch: Any) -> Any:
-    """``batch`` (tensors, in dicts, lists and tuples) in page-locked memory: a pageable tensor's copy to
+    """``batch``'s tensors (in dicts, lists and tuples) in page-locked memory: a pageable tensor's copy to
     a GPU first waits for every step queued before it (CUDA syncs the stream), a pinned one's does not."""
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, dict):
-        return {key: pinned(value) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(pinned(value) for value in batch)
-    return batch
+    return apply_to_collection(batch, torch.Tensor, torch.Tensor.pin_memory)
 
 
 class ResumableLoader(DataLoader):

@@ -178,3 +178,13 @@ def evals_dir(ckpt_path: Any, elsewhere: str) -> str:
     if Path(ckpt_path).parent.name != "checkpoints" or not holds_a_run(run) or not os.access(run, os.W_OK):
         return elsewhere
     return str(run / "evals")
+
+
+def sweep_folder() -> Path | None:
+    """The sweep folder of a ``zoo-train -m`` job (a grid or an Optuna search); None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().sweep.dir).resolve()

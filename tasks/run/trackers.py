@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tasks.errors import EndedOnPurpose, UserError
 from tasks.run.loggers import zoo_step
+from tasks.run.run_dirs import sweep_folder
 from zoo.io import atomic_write_text
 
 RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
@@ -65,16 +66,6 @@ def overrides(run_dir: Path) -> str:
     """The command line's overrides of the run (Hydra's record of it), as one string."""
     path = run_dir / ".hydra" / "overrides.yaml"
     return " ".join(str(o) for o in OmegaConf.load(path)) if path.is_file() else ""
-
-
-def sweep_folder() -> Path | None:
-    """The sweep folder of a ``zoo-train -m`` job (a grid or an Optuna search); None for a single run."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None
-    return Path(HydraConfig.get().sweep.dir).resolve()
 
 
 def known_run(record: Path, where: str) -> str | None:
